@@ -1,0 +1,304 @@
+//! Apps (one tenant's hyper-parameter search) and their jobs, with the agent API of Themis
+//! Figure 7 as traits so HPO integrations can describe their own searches.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::topology::Locality;
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AppId(pub String);
+
+impl fmt::Display for AppId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for AppId {
+    fn from(id: &str) -> Self {
+        Self(id.to_owned())
+    }
+}
+
+/// Multiplicative slowdown S >= 1 of a job's iterations for each locality level of its GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PlacementSlowdown {
+    pub same_slot: f64,
+    pub same_machine: f64,
+    pub same_rack: f64,
+    pub cross_rack: f64,
+}
+
+impl Default for PlacementSlowdown {
+    /// The crude estimates of Themis footnote 3, used until the app reports observed values.
+    fn default() -> Self {
+        Self {
+            same_slot: 1.0,
+            same_machine: 1.0,
+            same_rack: 1.1,
+            cross_rack: 1.3,
+        }
+    }
+}
+
+impl PlacementSlowdown {
+    /// No placement sensitivity at all (S = 1 everywhere).
+    pub const NONE: Self = Self {
+        same_slot: 1.0,
+        same_machine: 1.0,
+        same_rack: 1.0,
+        cross_rack: 1.0,
+    };
+
+    pub fn at(&self, locality: Locality) -> f64 {
+        match locality {
+            Locality::SameSlot => self.same_slot,
+            Locality::SameMachine => self.same_machine,
+            Locality::SameRack => self.same_rack,
+            Locality::CrossRack => self.cross_rack,
+        }
+    }
+
+    /// Replaces the estimate for one level by an observed value (slowdowns below 1 are
+    /// measurement noise and are clamped to 1).
+    pub fn observe(&mut self, locality: Locality, slowdown: f64) {
+        let value = slowdown.max(1.0);
+        match locality {
+            Locality::SameSlot => self.same_slot = value,
+            Locality::SameMachine => self.same_machine = value,
+            Locality::SameRack => self.same_rack = value,
+            Locality::CrossRack => self.cross_rack = value,
+        }
+    }
+}
+
+/// What the agent needs to know about one job to estimate its finish time (Figure 7's
+/// `JobInfo`, with the job's GPU demand added).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct JobInfo {
+    pub iterations_remaining: f64,
+    /// Seconds per iteration on one GPU.
+    pub serial_iteration_time: f64,
+    /// The most GPUs the job can use (job_demand_max).
+    pub max_gpus: u32,
+    pub slowdown: PlacementSlowdown,
+}
+
+/// One training job of an app.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: String,
+    pub total_iterations: u64,
+    #[serde(default)]
+    pub completed_iterations: u64,
+    /// Seconds per iteration on one GPU.
+    pub serial_iteration_time: f64,
+    pub max_gpus: u32,
+    #[serde(default)]
+    pub slowdown: PlacementSlowdown,
+    /// Set when the job was stopped early by its HPO framework.
+    #[serde(default)]
+    pub stopped: bool,
+}
+
+impl Job {
+    pub fn is_active(&self) -> bool {
+        !self.stopped && self.completed_iterations < self.total_iterations
+    }
+
+    fn info(&self, iterations_remaining: f64) -> JobInfo {
+        JobInfo {
+            iterations_remaining,
+            serial_iteration_time: self.serial_iteration_time,
+            max_gpus: self.max_gpus,
+            slowdown: self.slowdown,
+        }
+    }
+}
+
+/// Figure 7, successive halving: `getNumPhases` and `getJobsInPhase`. `gpus` is the number of
+/// GPUs the app would hold, for frameworks whose plans depend on it.
+pub trait SuccessiveHalvingAgent {
+    fn num_phases(&self) -> usize;
+    /// The phase running now; earlier phases are done.
+    fn current_phase(&self) -> usize;
+    fn jobs_in_phase(&self, phase: usize, gpus: u32) -> Vec<JobInfo>;
+    /// The aggregate work budget B of the search, in GPU-seconds.
+    fn budget_gpu_seconds(&self) -> f64;
+}
+
+/// Figure 7, performance-curve stopping: `getJobsRemaining`, each job's iterations up to its
+/// predicted (pessimistic) stopping point.
+pub trait PerformanceCurveAgent {
+    fn jobs_remaining(&self, gpus: u32) -> Vec<JobInfo>;
+    /// Work of the whole search up to every job's predicted stopping point, in GPU-seconds.
+    fn total_work_gpu_seconds(&self) -> f64;
+}
+
+/// A successive-halving search (Hyperband, Vizier): phase p runs `jobs_per_phase[p]` jobs for
+/// `phase_iterations[p]` more iterations each; the rest are stopped at the phase's end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SuccessiveHalving {
+    pub budget_gpu_seconds: f64,
+    pub phase_iterations: Vec<u64>,
+    pub jobs_per_phase: Vec<u32>,
+    #[serde(default)]
+    pub current_phase: usize,
+    /// Every job of the search; the ones still running are those of the current phase.
+    pub jobs: Vec<Job>,
+}
+
+impl SuccessiveHalving {
+    /// Iterations a job has completed when `phase` ends.
+    fn iterations_at_end_of(&self, phase: usize) -> u64 {
+        self.phase_iterations.iter().take(phase + 1).sum()
+    }
+
+    /// The job used to estimate phases whose jobs are not chosen yet (§4.3.3): the median by
+    /// serial iteration time (the upper median for an even count, as in the paper's example).
+    fn median_job(&self) -> Option<&Job> {
+        let mut running: Vec<&Job> = self.jobs.iter().filter(|job| !job.stopped).collect();
+        running.sort_by(|a, b| a.serial_iteration_time.total_cmp(&b.serial_iteration_time));
+        running.get(running.len() / 2).copied()
+    }
+
+    /// Moves to the next phase, stopping every running job not in `survivors`.
+    pub fn advance_phase(&mut self, survivors: &[&str]) {
+        for job in &mut self.jobs {
+            if !survivors.contains(&job.id.as_str()) {
+                job.stopped = true;
+            }
+        }
+        self.current_phase += 1;
+    }
+}
+
+impl SuccessiveHalvingAgent for SuccessiveHalving {
+    fn num_phases(&self) -> usize {
+        self.phase_iterations.len()
+    }
+
+    fn current_phase(&self) -> usize {
+        self.current_phase
+    }
+
+    fn jobs_in_phase(&self, phase: usize, _gpus: u32) -> Vec<JobInfo> {
+        let phase_end = self.iterations_at_end_of(phase);
+        if phase == self.current_phase {
+            return self
+                .jobs
+                .iter()
+                .filter(|job| !job.stopped && job.completed_iterations < phase_end)
+                .map(|job| job.info((phase_end - job.completed_iterations) as f64))
+                .collect();
+        }
+        let (Some(median), Some(&count), Some(&iterations)) = (
+            self.median_job(),
+            self.jobs_per_phase.get(phase),
+            self.phase_iterations.get(phase),
+        ) else {
+            return Vec::new();
+        };
+        vec![median.info(iterations as f64); count as usize]
+    }
+
+    fn budget_gpu_seconds(&self) -> f64 {
+        self.budget_gpu_seconds
+    }
+}
+
+/// A search whose HPO framework stops each job at an iteration it predicts from the job's
+/// learning curve (Hyperdrive, Vizier).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PerformanceCurve {
+    pub jobs: Vec<CurveJob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CurveJob {
+    pub job: Job,
+    /// The iteration at which the job is predicted to stop, taking the pessimistic end of the
+    /// prediction's error bar (§4.3.2). At most `job.total_iterations`.
+    pub predicted_final_iteration: u64,
+}
+
+impl CurveJob {
+    fn stopping_iteration(&self) -> u64 {
+        self.predicted_final_iteration
+            .min(self.job.total_iterations)
+    }
+}
+
+impl PerformanceCurveAgent for PerformanceCurve {
+    fn jobs_remaining(&self, _gpus: u32) -> Vec<JobInfo> {
+        self.jobs
+            .iter()
+            .filter(|curve| {
+                !curve.job.stopped && curve.job.completed_iterations < curve.stopping_iteration()
+            })
+            .map(|curve| {
+                curve
+                    .job
+                    .info((curve.stopping_iteration() - curve.job.completed_iterations) as f64)
+            })
+            .collect()
+    }
+
+    fn total_work_gpu_seconds(&self) -> f64 {
+        self.jobs
+            .iter()
+            .map(|curve| curve.stopping_iteration() as f64 * curve.job.serial_iteration_time)
+            .sum()
+    }
+}
+
+/// The three kinds of app the engine estimates finish times for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AppKind {
+    SingleJob { job: Job },
+    SuccessiveHalving(SuccessiveHalving),
+    PerformanceCurve(PerformanceCurve),
+}
+
+/// An app: one tenant's search, the unit the market is fair to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct App {
+    pub id: AppId,
+    #[serde(flatten)]
+    pub kind: AppKind,
+}
+
+impl App {
+    /// Jobs still to run now, with what remains of each (for successive halving: the jobs of
+    /// the current phase up to the phase's end).
+    pub fn running_jobs(&self) -> Vec<JobInfo> {
+        match &self.kind {
+            AppKind::SingleJob { job } if job.is_active() => {
+                vec![job.info((job.total_iterations - job.completed_iterations) as f64)]
+            }
+            AppKind::SingleJob { .. } => Vec::new(),
+            AppKind::SuccessiveHalving(search) => search.jobs_in_phase(search.current_phase, 0),
+            AppKind::PerformanceCurve(search) => search.jobs_remaining(0),
+        }
+    }
+
+    /// The most GPUs the app can use right now: the sum of its running jobs' demands.
+    pub fn current_demand(&self) -> u32 {
+        self.running_jobs().iter().map(|job| job.max_gpus).sum()
+    }
+
+    pub fn is_finished(&self) -> bool {
+        match &self.kind {
+            AppKind::SuccessiveHalving(search) => {
+                let in_last_phase = search.current_phase + 1 >= search.num_phases();
+                search.current_phase >= search.num_phases()
+                    || (in_last_phase && self.running_jobs().is_empty())
+            }
+            _ => self.running_jobs().is_empty(),
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! The partial-allocation auction (Themis §3.3.1, Pseudocode 1 lines 5-11), run by the arbiter.
+//!
+//! 1. Proportional-fair (PF) choice: each bidder gets at most one bundle of its table, bundles
+//!    disjoint, maximising the product of valuations v = 1/rho (an app that gets nothing is
+//!    valued at 1/rho_old). Solved exactly by HiGHS as a binary program, see [`solver`].
+//! 2. Hidden payment: bidder i keeps a share c_i in (0, 1] of its PF bundle, where c_i is the
+//!    product of the other bidders' valuations with i present over the same product in the PF
+//!    solution without i.
+//! 3. GPUs are indivisible: i keeps floor or ceil of c_i * k of its k GPUs (ceil with probability
+//!    frac(c_i * k), from the seeded RNG), the best-placed subset.
+//!
+//! Starving bidders (no GPU held, rho_old infinite) are handled as described in
+//! `docs/mechanism.md`: they are served first, and a starving winner keeps at least one GPU.
+
+mod solver;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::app::AppId;
+use crate::rho::{Rho, RhoOld};
+use crate::topology::{Cluster, GpuId, GpuIndex, GpuLocation, PlacementIndex};
+
+/// One row of a bid table: a bundle of offered GPUs and the app's rho if it wins it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BidEntry {
+    pub gpus: Vec<GpuId>,
+    pub rho: Rho,
+}
+
+/// An app's bid: its rho if it wins nothing (`None`: it holds no GPU, so it is starving) and
+/// its table of bundles.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppBid {
+    pub app: AppId,
+    /// Required in JSON (`null` for starving): a forgotten key must not read as "starving".
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub rho_old: RhoOld,
+    pub bids: Vec<BidEntry>,
+}
+
+/// A free GPU offered in an auction, with what placement needs to know about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OfferedGpu {
+    pub id: GpuId,
+    pub location: GpuLocation,
+    /// Offered GPUs with equal classes are interchangeable (same slot, same type).
+    pub interchange_class: u32,
+}
+
+/// The set of free GPUs an auction allocates.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Offer {
+    pub gpus: Vec<OfferedGpu>,
+}
+
+impl Offer {
+    /// GPUs of a known cluster.
+    pub fn from_cluster(cluster: &Cluster, gpus: &[GpuIndex]) -> Self {
+        let gpus = gpus
+            .iter()
+            .map(|&gpu| OfferedGpu {
+                id: cluster.gpu(gpu).id.clone(),
+                location: cluster.location(gpu),
+                interchange_class: cluster.interchange_class(gpu),
+            })
+            .collect();
+        Self { gpus }
+    }
+
+    /// GPUs with no topology: each is its own slot, machine, rack and class.
+    pub fn without_topology(ids: impl IntoIterator<Item = GpuId>) -> Self {
+        let gpus = ids
+            .into_iter()
+            .enumerate()
+            .map(|(n, id)| {
+                let n = n as u32;
+                OfferedGpu {
+                    id,
+                    location: GpuLocation {
+                        rack: n,
+                        machine: n,
+                        slot: n,
+                    },
+                    interchange_class: n,
+                }
+            })
+            .collect();
+        Self { gpus }
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = &GpuId> {
+        self.gpus.iter().map(|gpu| &gpu.id)
+    }
+}
+
+/// What the auction decided.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct AuctionOutcome {
+    /// Index into each bidder's table of its PF bundle; `None` if the PF solution gives it
+    /// nothing.
+    pub pf: BTreeMap<AppId, Option<usize>>,
+    /// The concrete GPUs of each PF bundle. Interchangeable GPUs (same slot, same type) may be
+    /// swapped for the ones the bid named when two winners named the same ones.
+    pub pf_gpus: BTreeMap<AppId, Vec<GpuId>>,
+    /// Hidden-payment share c_i in (0, 1] of every bidder (1 for bidders that won nothing).
+    pub c: BTreeMap<AppId, f64>,
+    /// The GPUs each bidder keeps: a subset of its PF bundle.
+    pub allocation: BTreeMap<AppId, Vec<GpuId>>,
+    /// Offered GPUs nobody keeps: hidden payments plus GPUs no PF bundle used. These are the
+    /// round's leftovers.
+    pub unallocated: Vec<GpuId>,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AuctionError {
+    #[error("GPU {0} is offered twice")]
+    DuplicateOfferedGpu(GpuId),
+    #[error("app {0} bids twice in one auction; send one bid per app")]
+    DuplicateApp(AppId),
+    #[error("app {app}, bid {entry}: the bundle is empty; a bid entry must name at least one GPU")]
+    EmptyBundle { app: AppId, entry: usize },
+    #[error("app {app}, bid {entry}: GPU {gpu} is not in the offer")]
+    GpuNotOffered {
+        app: AppId,
+        entry: usize,
+        gpu: GpuId,
+    },
+    #[error("app {app}, bid {entry}: GPU {gpu} appears twice in the bundle")]
+    DuplicateGpuInBundle {
+        app: AppId,
+        entry: usize,
+        gpu: GpuId,
+    },
+    #[error("the solver failed on the {program} program: {detail}")]
+    Solver {
+        program: &'static str,
+        detail: String,
+    },
+}
+
+/// Runs the partial-allocation auction. Deterministic: the same offer, bids and seed give the
+/// same outcome, whatever order the bids come in.
+pub fn run_auction(
+    offer: &Offer,
+    bids: &[AppBid],
+    seed: u64,
+) -> Result<AuctionOutcome, AuctionError> {
+    let instance = Instance::build(offer, bids)?;
+    let choice = solver::solve(&instance)?;
+    Ok(instance.settle(&choice, seed))
+}
+
+/// An auction with GPUs aggregated into classes of interchangeable GPUs and bundles into
+/// per-class counts, ready for the solver.
+#[derive(Debug)]
+struct Instance<'a> {
+    offer: &'a Offer,
+    /// Number of offered GPUs per class.
+    capacity: Vec<u32>,
+    /// Bidders sorted by app id.
+    bidders: Vec<Bidder<'a>>,
+}
+
+#[derive(Debug)]
+struct Bidder<'a> {
+    bid: &'a AppBid,
+    /// Distinct bundles worth bidding on, by per-class counts; see [`Instance::options`].
+    options: Vec<BundleOption>,
+}
+
+impl Bidder<'_> {
+    fn is_starving(&self) -> bool {
+        self.bid.rho_old.is_none()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct BundleOption {
+    /// (class, count), sorted by class.
+    counts: Vec<(usize, u32)>,
+    /// Index of the table entry this option stands for (the lowest rho among equal bundles).
+    entry: usize,
+    /// ln(1/rho) of the bundle.
+    log_valuation: f64,
+    gpu_count: u32,
+}
+
+/// A choice of at most one option per bidder (indices into `Bidder::options`).
+type Choice = Vec<Option<usize>>;
+
+impl<'a> Instance<'a> {
+    fn build(offer: &'a Offer, bids: &'a [AppBid]) -> Result<Self, AuctionError> {
+        let mut position = HashMap::with_capacity(offer.gpus.len());
+        let mut class_numbers: HashMap<u32, usize> = HashMap::new();
+        let mut class_of_gpu = Vec::with_capacity(offer.gpus.len());
+        for (index, gpu) in offer.gpus.iter().enumerate() {
+            if position.insert(&gpu.id, index).is_some() {
+                return Err(AuctionError::DuplicateOfferedGpu(gpu.id.clone()));
+            }
+            let next = class_numbers.len();
+            class_of_gpu.push(*class_numbers.entry(gpu.interchange_class).or_insert(next));
+        }
+        let mut capacity = vec![0u32; class_numbers.len()];
+        for &class in &class_of_gpu {
+            capacity[class] += 1;
+        }
+        let mut sorted: Vec<&AppBid> = bids.iter().collect();
+        sorted.sort_by(|a, b| a.app.cmp(&b.app));
+        if let Some(pair) = sorted.windows(2).find(|pair| pair[0].app == pair[1].app) {
+            return Err(AuctionError::DuplicateApp(pair[0].app.clone()));
+        }
+        let bidders = sorted
+            .into_iter()
+            .map(|bid| {
+                let options = Self::options(bid, &position, &class_of_gpu)?;
+                Ok(Bidder { bid, options })
+            })
+            .collect::<Result<_, AuctionError>>()?;
+        Ok(Self {
+            offer,
+            capacity,
+            bidders,
+        })
+    }
+
+    /// Validates a bid table and reduces it to the bundles that matter: bundles equal up to
+    /// interchangeable GPUs are one option (at its lowest rho), and for a bidder holding GPUs
+    /// only bundles that improve on rho_old can raise the PF objective.
+    fn options(
+        bid: &AppBid,
+        position: &HashMap<&GpuId, usize>,
+        class_of_gpu: &[usize],
+    ) -> Result<Vec<BundleOption>, AuctionError> {
+        let mut best: HashMap<Vec<(usize, u32)>, BundleOption> = HashMap::new();
+        for (entry, bid_entry) in bid.bids.iter().enumerate() {
+            let error_context = |gpu: &GpuId| (bid.app.clone(), entry, gpu.clone());
+            if bid_entry.gpus.is_empty() {
+                return Err(AuctionError::EmptyBundle {
+                    app: bid.app.clone(),
+                    entry,
+                });
+            }
+            let mut seen = HashSet::with_capacity(bid_entry.gpus.len());
+            let mut counts: BTreeMap<usize, u32> = BTreeMap::new();
+            for gpu in &bid_entry.gpus {
+                let Some(&index) = position.get(gpu) else {
+                    let (app, entry, gpu) = error_context(gpu);
+                    return Err(AuctionError::GpuNotOffered { app, entry, gpu });
+                };
+                if !seen.insert(index) {
+                    let (app, entry, gpu) = error_context(gpu);
+                    return Err(AuctionError::DuplicateGpuInBundle { app, entry, gpu });
+                }
+                *counts.entry(class_of_gpu[index]).or_default() += 1;
+            }
+            let improves = bid
+                .rho_old
+                .is_none_or(|rho_old| bid_entry.rho.get() < rho_old.get());
+            if !improves {
+                continue;
+            }
+            let option = BundleOption {
+                counts: counts.into_iter().collect(),
+                entry,
+                log_valuation: bid_entry.rho.log_valuation(),
+                gpu_count: bid_entry.gpus.len() as u32,
+            };
+            match best.get(&option.counts) {
+                Some(kept) if kept.log_valuation >= option.log_valuation => {}
+                _ => {
+                    best.insert(option.counts.clone(), option);
+                }
+            }
+        }
+        let mut options: Vec<BundleOption> = best.into_values().collect();
+        options.sort_by_key(|option| option.entry);
+        Ok(options)
+    }
+
+    /// The objective term of bidder `bidder` taking `option`, relative to winning nothing:
+    /// ln(rho_old / rho) for bidders holding GPUs, ln(1/rho) for starving ones (whose
+    /// "nothing" is handled by the serve-the-starving-first tier instead).
+    fn gain(&self, bidder: usize, option: usize) -> f64 {
+        let bidder = &self.bidders[bidder];
+        let log_valuation = bidder.options[option].log_valuation;
+        match bidder.bid.rho_old {
+            Some(rho_old) => log_valuation - rho_old.log_valuation(),
+            None => log_valuation,
+        }
+    }
+
+    /// Turns the solver's choice and payments into allocations of concrete GPUs.
+    fn settle(&self, choice: &solver::Solution, seed: u64) -> AuctionOutcome {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let pf_gpus = self.assign_concrete_gpus(&choice.options);
+        let mut outcome = AuctionOutcome::default();
+        let mut kept_anywhere = HashSet::new();
+        for (index, bidder) in self.bidders.iter().enumerate() {
+            let app = &bidder.bid.app;
+            let share = choice.shares[index];
+            let chosen = choice.options[index].map(|option| bidder.options[option].entry);
+            let bundle = &pf_gpus[index];
+            let keep = if bundle.is_empty() {
+                0
+            } else {
+                kept_count(share, bundle.len(), bidder.is_starving(), &mut rng)
+            };
+            let kept = self.best_placed(bundle, keep);
+            kept_anywhere.extend(kept.iter().cloned());
+            outcome.pf.insert(app.clone(), chosen);
+            outcome.c.insert(app.clone(), share);
+            outcome.pf_gpus.insert(app.clone(), bundle.clone());
+            outcome.allocation.insert(app.clone(), kept);
+        }
+        outcome.unallocated = self
+            .offer
+            .ids()
+            .filter(|id| !kept_anywhere.contains(*id))
+            .cloned()
+            .collect();
+        outcome
+    }
+
+    /// Gives each winner concrete GPUs for its per-class counts, preferring the GPUs its bid
+    /// named, then the other GPUs of the class in offer order.
+    fn assign_concrete_gpus(&self, options: &Choice) -> Vec<Vec<GpuId>> {
+        let mut free_by_class: Vec<Vec<&GpuId>> = vec![Vec::new(); self.capacity.len()];
+        let class_numbers: HashMap<&GpuId, usize> = self.class_numbers();
+        for gpu in &self.offer.gpus {
+            free_by_class[class_numbers[&gpu.id]].push(&gpu.id);
+        }
+        let mut taken: HashSet<&GpuId> = HashSet::new();
+        self.bidders
+            .iter()
+            .zip(options)
+            .map(|(bidder, option)| {
+                let Some(option) = option else {
+                    return Vec::new();
+                };
+                let option = &bidder.options[*option];
+                let named = &bidder.bid.bids[option.entry].gpus;
+                let mut bundle = Vec::with_capacity(option.gpu_count as usize);
+                for &(class, count) in &option.counts {
+                    let preferred = named.iter().filter(|gpu| class_numbers[gpu] == class);
+                    let candidates = preferred.chain(free_by_class[class].iter().copied());
+                    let mut picked = 0;
+                    for gpu in candidates {
+                        if picked == count {
+                            break;
+                        }
+                        if taken.insert(gpu) {
+                            bundle.push(gpu.clone());
+                            picked += 1;
+                        }
+                    }
+                    debug_assert_eq!(picked, count, "the solver respects class capacities");
+                }
+                bundle
+            })
+            .collect()
+    }
+
+    fn class_numbers(&self) -> HashMap<&GpuId, usize> {
+        let mut numbers: HashMap<u32, usize> = HashMap::new();
+        self.offer
+            .gpus
+            .iter()
+            .map(|gpu| {
+                let next = numbers.len();
+                (
+                    &gpu.id,
+                    *numbers.entry(gpu.interchange_class).or_insert(next),
+                )
+            })
+            .collect()
+    }
+
+    /// The best-placed `count` GPUs of `bundle`.
+    fn best_placed(&self, bundle: &[GpuId], count: usize) -> Vec<GpuId> {
+        if count >= bundle.len() {
+            return bundle.to_vec();
+        }
+        let location: HashMap<&GpuId, GpuLocation> = self
+            .offer
+            .gpus
+            .iter()
+            .map(|gpu| (&gpu.id, gpu.location))
+            .collect();
+        let index = PlacementIndex::new(bundle.iter().map(|gpu| location[gpu]).collect());
+        let mut chosen = index.best_subset(count, &[]);
+        chosen.sort_unstable();
+        chosen
+            .into_iter()
+            .map(|item| bundle[item].clone())
+            .collect()
+    }
+}
+
+/// How many of a PF bundle's `size` GPUs a bidder keeps with share `share`: c*k rounded up with
+/// probability frac(c*k). A starving winner keeps at least one (see docs/mechanism.md).
+fn kept_count(share: f64, size: usize, starving: bool, rng: &mut ChaCha8Rng) -> usize {
+    let exact = share * size as f64;
+    let floor = exact.floor();
+    let round_up = rng.random::<f64>() < exact - floor;
+    let kept = (floor as usize + usize::from(round_up)).min(size);
+    if starving {
+        kept.max(1)
+    } else {
+        kept
+    }
+}

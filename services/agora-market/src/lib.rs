@@ -1,0 +1,24 @@
+//! Agora's market engine: everything that decides who gets which GPU, and nothing else.
+//!
+//! It implements Themis (NSDI'20): finish-time fairness ([`fairness`]), the agent's bids
+//! ([`bids`]), the arbiter's partial-allocation auction ([`auction`]), leftovers
+//! ([`leftover`]), leases ([`lease`]) and the round-by-round mechanism ([`market`]).
+//!
+//! The engine does no I/O and reads no clock: time (`now`) and randomness (`seed`) are inputs,
+//! so the same inputs give the same outputs. The simulator and the live service drive this same
+//! engine.
+
+pub mod app;
+pub mod auction;
+pub mod bids;
+pub mod fairness;
+pub mod lease;
+pub mod leftover;
+pub mod market;
+pub mod rho;
+pub mod time;
+pub mod topology;
+
+/// Version of the decision logic, recorded with every round so audits replay a round with the
+/// engine that decided it.
+pub const ENGINE_VERSION: &str = env!("CARGO_PKG_VERSION");

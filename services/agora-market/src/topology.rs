@@ -1,0 +1,561 @@
+//! Cluster topology with Themis's four locality levels (a GPU sits in a slot, a slot in a
+//! machine, a machine in a rack) and placement: choosing well-placed sets of GPUs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A GPU's stable, human-readable identifier (e.g. `m3-g1`, or a CUDA UUID on real hosts).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct GpuId(pub String);
+
+impl fmt::Display for GpuId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for GpuId {
+    fn from(id: &str) -> Self {
+        Self(id.to_owned())
+    }
+}
+
+/// How far apart a set of GPUs is. Ordered from best to worst placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Locality {
+    SameSlot,
+    SameMachine,
+    SameRack,
+    CrossRack,
+}
+
+impl Locality {
+    pub const ALL: [Locality; 4] = [
+        Locality::SameSlot,
+        Locality::SameMachine,
+        Locality::SameRack,
+        Locality::CrossRack,
+    ];
+
+    /// The locality of two GPUs.
+    pub fn between(a: GpuLocation, b: GpuLocation) -> Locality {
+        if a.slot == b.slot {
+            Locality::SameSlot
+        } else if a.machine == b.machine {
+            Locality::SameMachine
+        } else if a.rack == b.rack {
+            Locality::SameRack
+        } else {
+            Locality::CrossRack
+        }
+    }
+
+    /// The locality of a set: the widest spread between any two of its GPUs. A set of zero or
+    /// one GPU is `SameSlot`.
+    pub fn of(locations: impl IntoIterator<Item = GpuLocation>) -> Locality {
+        let mut locations = locations.into_iter();
+        let Some(first) = locations.next() else {
+            return Locality::SameSlot;
+        };
+        locations
+            .map(|location| Locality::between(first, location))
+            .max()
+            .unwrap_or(Locality::SameSlot)
+    }
+}
+
+/// Where a GPU sits. Slot and machine numbers are unique across the whole cluster, so two GPUs
+/// share a slot exactly when their `slot` fields are equal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct GpuLocation {
+    pub rack: u32,
+    pub machine: u32,
+    pub slot: u32,
+}
+
+/// Index of a GPU inside a [`Cluster`]; cheap to copy and compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct GpuIndex(pub u32);
+
+impl GpuIndex {
+    pub fn get(self) -> usize {
+        self.0 as usize
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub id: GpuId,
+    pub gpu_type: String,
+    pub location: GpuLocation,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TopologyError {
+    #[error("GPU id {0} appears twice in the cluster; GPU ids must be unique")]
+    DuplicateGpu(GpuId),
+    #[error("slot {slot} holds GPUs on different machines ({first} and {second}); a slot belongs to one machine")]
+    SlotOnTwoMachines { slot: u32, first: u32, second: u32 },
+    #[error(
+        "machine {machine} is listed in racks {first} and {second}; a machine belongs to one rack"
+    )]
+    MachineInTwoRacks {
+        machine: u32,
+        first: u32,
+        second: u32,
+    },
+}
+
+/// The GPUs of a cluster, with their topology.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cluster {
+    gpus: Vec<Gpu>,
+    by_id: HashMap<GpuId, GpuIndex>,
+    /// Interchangeability class of each GPU: GPUs in one slot with one type share a class.
+    interchange_class: Vec<u32>,
+}
+
+impl Cluster {
+    pub fn new(gpus: Vec<Gpu>) -> Result<Self, TopologyError> {
+        let mut by_id = HashMap::with_capacity(gpus.len());
+        let mut slot_machine = HashMap::new();
+        let mut machine_rack = HashMap::new();
+        let mut classes: HashMap<(u32, &str), u32> = HashMap::new();
+        let mut interchange_class = Vec::with_capacity(gpus.len());
+        for (index, gpu) in gpus.iter().enumerate() {
+            let location = gpu.location;
+            if by_id
+                .insert(gpu.id.clone(), GpuIndex(index as u32))
+                .is_some()
+            {
+                return Err(TopologyError::DuplicateGpu(gpu.id.clone()));
+            }
+            let machine = *slot_machine
+                .entry(location.slot)
+                .or_insert(location.machine);
+            if machine != location.machine {
+                return Err(TopologyError::SlotOnTwoMachines {
+                    slot: location.slot,
+                    first: machine,
+                    second: location.machine,
+                });
+            }
+            let rack = *machine_rack
+                .entry(location.machine)
+                .or_insert(location.rack);
+            if rack != location.rack {
+                return Err(TopologyError::MachineInTwoRacks {
+                    machine: location.machine,
+                    first: rack,
+                    second: location.rack,
+                });
+            }
+            let next_class = classes.len() as u32;
+            let class = *classes
+                .entry((location.slot, gpu.gpu_type.as_str()))
+                .or_insert(next_class);
+            interchange_class.push(class);
+        }
+        Ok(Self {
+            gpus,
+            by_id,
+            interchange_class,
+        })
+    }
+
+    /// Builds a cluster from a nested description, numbering machines and slots in order and
+    /// naming GPUs `m{machine}-g{n}`.
+    pub fn from_spec(spec: &ClusterSpec) -> Result<Self, TopologyError> {
+        let mut gpus = Vec::new();
+        let (mut machine_number, mut slot_number) = (0u32, 0u32);
+        for (rack_number, rack) in spec.racks.iter().enumerate() {
+            for machine in &rack.machines {
+                let mut gpu_in_machine = 0;
+                for slot in &machine.slots {
+                    for _ in 0..slot.gpus {
+                        let id = format!("m{machine_number}-g{gpu_in_machine}");
+                        gpus.push(Gpu {
+                            id: GpuId(id),
+                            gpu_type: slot.gpu_type.clone(),
+                            location: GpuLocation {
+                                rack: rack_number as u32,
+                                machine: machine_number,
+                                slot: slot_number,
+                            },
+                        });
+                        gpu_in_machine += 1;
+                    }
+                    slot_number += 1;
+                }
+                machine_number += 1;
+            }
+        }
+        Self::new(gpus)
+    }
+
+    pub fn len(&self) -> usize {
+        self.gpus.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.gpus.is_empty()
+    }
+
+    pub fn gpu(&self, index: GpuIndex) -> &Gpu {
+        &self.gpus[index.get()]
+    }
+
+    pub fn gpus(&self) -> impl ExactSizeIterator<Item = (GpuIndex, &Gpu)> {
+        self.gpus
+            .iter()
+            .enumerate()
+            .map(|(i, gpu)| (GpuIndex(i as u32), gpu))
+    }
+
+    pub fn index_of(&self, id: &GpuId) -> Option<GpuIndex> {
+        self.by_id.get(id).copied()
+    }
+
+    pub fn location(&self, index: GpuIndex) -> GpuLocation {
+        self.gpus[index.get()].location
+    }
+
+    /// GPUs with equal classes are interchangeable for placement (same slot, same type).
+    pub fn interchange_class(&self, index: GpuIndex) -> u32 {
+        self.interchange_class[index.get()]
+    }
+
+    pub fn locality(&self, gpus: &[GpuIndex]) -> Locality {
+        Locality::of(gpus.iter().map(|&gpu| self.location(gpu)))
+    }
+}
+
+/// A cluster described as racks of machines of slots, as in cluster spec files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterSpec {
+    pub racks: Vec<RackSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RackSpec {
+    pub machines: Vec<MachineSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MachineSpec {
+    pub slots: Vec<SlotSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlotSpec {
+    pub gpus: u32,
+    pub gpu_type: String,
+}
+
+impl ClusterSpec {
+    /// `racks` racks of `machines_per_rack` identical machines with `slots` slots of
+    /// `gpus_per_slot` GPUs each.
+    pub fn uniform(racks: u32, machines_per_rack: u32, slots: u32, gpus_per_slot: u32) -> Self {
+        let slot = SlotSpec {
+            gpus: gpus_per_slot,
+            gpu_type: "gpu".to_owned(),
+        };
+        let machine = MachineSpec {
+            slots: vec![slot; slots as usize],
+        };
+        let rack = RackSpec {
+            machines: vec![machine; machines_per_rack as usize],
+        };
+        Self {
+            racks: vec![rack; racks as usize],
+        }
+    }
+}
+
+/// Placement over a pool of free GPUs: finds well-placed subsets of a given size, near the GPUs
+/// an app already holds (its anchors). Built once per pool, queried per app and size.
+#[derive(Debug, Clone)]
+pub struct PlacementIndex {
+    locations: Vec<GpuLocation>,
+    /// Pool items grouped per container, for each level (slot, machine, rack), keyed by the
+    /// container's number.
+    containers: [BTreeMap<u32, Vec<usize>>; 3],
+    /// Container numbers of each level sorted by (size, number), for best-fit look-ups.
+    by_size: [Vec<(usize, u32)>; 3],
+}
+
+const SLOT: usize = 0;
+const MACHINE: usize = 1;
+const RACK: usize = 2;
+
+fn container_of(location: GpuLocation, level: usize) -> u32 {
+    match level {
+        SLOT => location.slot,
+        MACHINE => location.machine,
+        _ => location.rack,
+    }
+}
+
+impl PlacementIndex {
+    pub fn new(locations: Vec<GpuLocation>) -> Self {
+        let mut containers: [BTreeMap<u32, Vec<usize>>; 3] = Default::default();
+        for (item, &location) in locations.iter().enumerate() {
+            for (level, map) in containers.iter_mut().enumerate() {
+                map.entry(container_of(location, level))
+                    .or_default()
+                    .push(item);
+            }
+        }
+        let by_size = std::array::from_fn(|level| {
+            let mut sizes: Vec<(usize, u32)> = containers[level]
+                .iter()
+                .map(|(&number, items)| (items.len(), number))
+                .collect();
+            sizes.sort_unstable();
+            sizes
+        });
+        Self {
+            locations,
+            containers,
+            by_size,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.locations.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.locations.is_empty()
+    }
+
+    pub fn location(&self, item: usize) -> GpuLocation {
+        self.locations[item]
+    }
+
+    /// The single best-placed subset of `count` items near `anchors`.
+    pub fn best_subset(&self, count: usize, anchors: &[GpuLocation]) -> Vec<usize> {
+        self.candidate_subsets(count, anchors, 1)
+            .into_iter()
+            .next()
+            .unwrap_or_default()
+    }
+
+    /// Up to `per_level` alternative subsets of `count` items for each locality level, best
+    /// placed first: subsets inside one slot, then one machine, then one rack, then across
+    /// racks. Containers near the anchors come first, then best fit (the smallest container
+    /// that is large enough, which leaves big containers whole for big requests).
+    pub fn candidate_subsets(
+        &self,
+        count: usize,
+        anchors: &[GpuLocation],
+        per_level: usize,
+    ) -> Vec<Vec<usize>> {
+        if count == 0 || count > self.locations.len() || per_level == 0 {
+            return Vec::new();
+        }
+        let mut subsets = Vec::new();
+        for level in [SLOT, MACHINE, RACK] {
+            for container in self.fitting_containers(level, count, anchors, per_level) {
+                subsets.push(self.fill(&self.containers[level][&container], count, anchors));
+            }
+        }
+        if subsets.is_empty() {
+            let everything: Vec<usize> = (0..self.locations.len()).collect();
+            subsets.push(self.fill(&everything, count, anchors));
+        }
+        subsets
+    }
+
+    /// Containers of `level` with at least `count` items: anchored ones first, then best fit.
+    fn fitting_containers(
+        &self,
+        level: usize,
+        count: usize,
+        anchors: &[GpuLocation],
+        limit: usize,
+    ) -> Vec<u32> {
+        let mut chosen: Vec<u32> = Vec::with_capacity(limit);
+        for &anchor in anchors {
+            let number = container_of(anchor, level);
+            let fits = self.containers[level]
+                .get(&number)
+                .is_some_and(|items| items.len() >= count);
+            if fits && !chosen.contains(&number) && chosen.len() < limit {
+                chosen.push(number);
+            }
+        }
+        let sizes = &self.by_size[level];
+        let first_fit = sizes.partition_point(|&(size, _)| size < count);
+        for &(_, number) in &sizes[first_fit..] {
+            if chosen.len() >= limit {
+                break;
+            }
+            if !chosen.contains(&number) {
+                chosen.push(number);
+            }
+        }
+        chosen
+    }
+
+    /// Takes `count` of `items`, keeping them together: racks, machines and slots nearest the
+    /// anchors first, then the fullest, so the result spans as few containers as possible.
+    fn fill(&self, items: &[usize], count: usize, anchors: &[GpuLocation]) -> Vec<usize> {
+        let size_in = |level: usize, item: usize| {
+            let number = container_of(self.locations[item], level);
+            self.containers[level].get(&number).map_or(0, Vec::len)
+        };
+        let anchored = |level: usize, item: usize| {
+            let number = container_of(self.locations[item], level);
+            anchors
+                .iter()
+                .any(|&anchor| container_of(anchor, level) == number)
+        };
+        let mut ordered = items.to_vec();
+        ordered.sort_by_cached_key(|&item| {
+            let location = self.locations[item];
+            let key = |level: usize| {
+                (
+                    !anchored(level, item),
+                    std::cmp::Reverse(size_in(level, item)),
+                    container_of(location, level),
+                )
+            };
+            (key(RACK), key(MACHINE), key(SLOT), item)
+        });
+        ordered.truncate(count);
+        ordered
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn location(rack: u32, machine: u32, slot: u32) -> GpuLocation {
+        GpuLocation {
+            rack,
+            machine,
+            slot,
+        }
+    }
+
+    #[test]
+    fn locality_is_the_widest_spread() {
+        let a = location(0, 0, 0);
+        assert_eq!(Locality::of([a, a]), Locality::SameSlot);
+        assert_eq!(Locality::of([a, location(0, 0, 1)]), Locality::SameMachine);
+        assert_eq!(
+            Locality::of([a, location(0, 1, 2), location(0, 0, 1)]),
+            Locality::SameRack
+        );
+        assert_eq!(Locality::of([a, location(1, 2, 3)]), Locality::CrossRack);
+        assert_eq!(Locality::of([]), Locality::SameSlot);
+    }
+
+    #[test]
+    fn spec_numbers_machines_and_slots_across_the_cluster() {
+        let cluster = Cluster::from_spec(&ClusterSpec::uniform(2, 2, 2, 2)).expect("valid spec");
+        assert_eq!(cluster.len(), 16);
+        let last = cluster.index_of(&GpuId::from("m3-g3")).expect("named gpu");
+        assert_eq!(cluster.location(last), location(1, 3, 7));
+        let same_slot = [GpuIndex(0), GpuIndex(1)];
+        assert_eq!(
+            cluster.interchange_class(same_slot[0]),
+            cluster.interchange_class(same_slot[1])
+        );
+        assert_ne!(
+            cluster.interchange_class(GpuIndex(1)),
+            cluster.interchange_class(GpuIndex(2))
+        );
+    }
+
+    #[test]
+    fn rejects_inconsistent_topologies() {
+        let gpu = |id: &str, location| Gpu {
+            id: GpuId::from(id),
+            gpu_type: "a".into(),
+            location,
+        };
+        let duplicate = Cluster::new(vec![
+            gpu("x", location(0, 0, 0)),
+            gpu("x", location(0, 0, 1)),
+        ]);
+        assert!(matches!(duplicate, Err(TopologyError::DuplicateGpu(_))));
+        let split_slot = Cluster::new(vec![
+            gpu("x", location(0, 0, 0)),
+            gpu("y", location(0, 1, 0)),
+        ]);
+        assert!(matches!(
+            split_slot,
+            Err(TopologyError::SlotOnTwoMachines { .. })
+        ));
+        let split_machine = Cluster::new(vec![
+            gpu("x", location(0, 0, 0)),
+            gpu("y", location(1, 0, 1)),
+        ]);
+        assert!(matches!(
+            split_machine,
+            Err(TopologyError::MachineInTwoRacks { .. })
+        ));
+    }
+
+    #[test]
+    fn best_subset_prefers_best_fit_then_anchors() {
+        // slot 0: 4 free GPUs, slot 1: 2 free GPUs, both on machine 0; slot 2: 2 on machine 1.
+        let locations = vec![
+            location(0, 0, 0),
+            location(0, 0, 0),
+            location(0, 0, 0),
+            location(0, 0, 0),
+            location(0, 0, 1),
+            location(0, 0, 1),
+            location(0, 1, 2),
+            location(0, 1, 2),
+        ];
+        let index = PlacementIndex::new(locations);
+        let pair = index.best_subset(2, &[]);
+        assert_eq!(
+            Locality::of(pair.iter().map(|&i| index.location(i))),
+            Locality::SameSlot
+        );
+        assert_ne!(
+            index.location(pair[0]).slot,
+            0,
+            "best fit keeps the 4-GPU slot whole"
+        );
+        let near_anchor = index.best_subset(2, &[location(0, 1, 2)]);
+        assert_eq!(index.location(near_anchor[0]).slot, 2);
+        let six = index.best_subset(6, &[]);
+        assert_eq!(
+            Locality::of(six.iter().map(|&i| index.location(i))),
+            Locality::SameMachine
+        );
+        let all = index.best_subset(8, &[]);
+        assert_eq!(all.len(), 8);
+        assert!(index.best_subset(9, &[]).is_empty());
+    }
+
+    #[test]
+    fn candidates_cover_every_level_that_fits() {
+        let cluster = Cluster::from_spec(&ClusterSpec::uniform(2, 2, 2, 2)).expect("valid spec");
+        let index = PlacementIndex::new(cluster.gpus().map(|(_, gpu)| gpu.location).collect());
+        let subsets = index.candidate_subsets(2, &[], 2);
+        let localities: Vec<Locality> = subsets
+            .iter()
+            .map(|subset| Locality::of(subset.iter().map(|&i| index.location(i))))
+            .collect();
+        assert_eq!(&localities[..2], &[Locality::SameSlot, Locality::SameSlot]);
+        assert!(subsets.iter().all(|subset| subset.len() == 2));
+        let across = index.candidate_subsets(10, &[], 2);
+        assert_eq!(across.len(), 1);
+        assert_eq!(
+            Locality::of(across[0].iter().map(|&i| index.location(i))),
+            Locality::CrossRack
+        );
+    }
+}

@@ -1,0 +1,5 @@
+//! The engine's integration tests, in one binary for link time.
+
+mod bids;
+mod market;
+mod support;

@@ -1,0 +1,346 @@
+//! Rounds and leases (Pseudocode 1) on tiny hand-checkable clusters, and the round's
+//! invariants on random ones.
+
+use std::time::Duration;
+
+use agora_market::app::{App, AppId};
+use agora_market::lease::LeaseState;
+use agora_market::leftover::LeftoverPolicy;
+use agora_market::market::{Market, MarketConfig, MarketError};
+use agora_market::time::Timestamp;
+use agora_market::topology::{Cluster, GpuIndex, Locality};
+use proptest::prelude::*;
+
+use crate::support::{single_job_app, uniform_cluster};
+
+const LEASE: Duration = Duration::from_secs(600);
+
+fn market(cluster: Cluster, fairness_knob: f64) -> Market {
+    let config = MarketConfig {
+        fairness_knob,
+        lease_length: LEASE,
+        ..MarketConfig::default()
+    };
+    Market::new(cluster, config, Timestamp(0)).expect("valid config")
+}
+
+fn held(market: &Market, app: &str) -> Vec<GpuIndex> {
+    market
+        .leases()
+        .leases_of(&AppId::from(app))
+        .flat_map(|lease| lease.gpus.clone())
+        .collect()
+}
+
+#[test]
+fn two_starving_apps_each_get_a_whole_machine() {
+    // Two machines of one 2-GPU slot; two apps wanting 2 GPUs each; everyone bids (f = 0).
+    let mut market = market(uniform_cluster(1, 2, 1, 2), 0.0);
+    market
+        .add_app(single_job_app("a", 2, 100, 10.0), Timestamp(0))
+        .expect("new app");
+    market
+        .add_app(single_job_app("b", 2, 100, 10.0), Timestamp(0))
+        .expect("new app");
+    let outcome = market
+        .run_round(Timestamp(0), 1)
+        .expect("something to offer")
+        .expect("valid round");
+    assert_eq!(
+        outcome.standings.iter().filter(|s| s.rho.is_none()).count(),
+        2,
+        "both start starving"
+    );
+    assert_eq!(
+        outcome.auction.c.values().copied().collect::<Vec<_>>(),
+        vec![1.0, 1.0]
+    );
+    for app in ["a", "b"] {
+        let gpus = held(&market, app);
+        assert_eq!(gpus.len(), 2, "{app} gets its whole demand");
+        assert_eq!(
+            market.cluster().locality(&gpus),
+            Locality::SameSlot,
+            "{app} stays on one machine"
+        );
+    }
+    assert!(market.free_gpus().is_empty());
+    assert!(market
+        .leases()
+        .active()
+        .all(|lease| lease.end == Timestamp(600_000)));
+}
+
+#[test]
+fn only_the_worst_apps_bid_and_leftovers_go_to_the_others() {
+    // 4 GPUs, 5 apps of one GPU each, f = 0.8: ceil(0.2 * 5) = 1 bidder. All are starving, so
+    // the tie goes by app id: "a" bids and wins; the 3 other GPUs go to 3 of the 4 others.
+    let mut market = market(uniform_cluster(1, 4, 1, 1), 0.8);
+    for app in ["a", "b", "c", "d", "e"] {
+        market
+            .add_app(single_job_app(app, 1, 100, 10.0), Timestamp(0))
+            .expect("new app");
+    }
+    let outcome = market
+        .run_round(Timestamp(0), 9)
+        .expect("something to offer")
+        .expect("valid round");
+    assert_eq!(
+        outcome
+            .bids
+            .iter()
+            .map(|bid| bid.app.clone())
+            .collect::<Vec<_>>(),
+        vec![AppId::from("a")]
+    );
+    assert_eq!(outcome.auction.allocation[&AppId::from("a")].len(), 1);
+    assert_eq!(outcome.leftover_grants.len(), 3);
+    assert!(outcome
+        .leftover_grants
+        .keys()
+        .all(|app| app != &AppId::from("a")));
+    assert!(market.free_gpus().is_empty());
+}
+
+#[test]
+fn expiry_frees_gpus_for_the_next_round() {
+    let mut market = market(uniform_cluster(1, 1, 1, 2), 0.0);
+    market
+        .add_app(single_job_app("a", 2, 1000, 10.0), Timestamp(0))
+        .expect("new app");
+    market
+        .run_round(Timestamp(0), 1)
+        .expect("offer")
+        .expect("round");
+    assert!(
+        market.run_round(Timestamp(1000), 2).is_none(),
+        "nothing free, no round"
+    );
+    market
+        .add_app(single_job_app("b", 2, 1000, 10.0), Timestamp(1000))
+        .expect("new app");
+    let expired = market.expire_leases(Timestamp(600_000));
+    assert_eq!(expired.len(), 1);
+    assert_eq!(expired[0].state, LeaseState::Expired);
+    let outcome = market
+        .run_round(Timestamp(600_000), 3)
+        .expect("offer")
+        .expect("round");
+    assert!(
+        outcome
+            .standings
+            .iter()
+            .all(|standing| standing.rho.is_none()),
+        "neither holds a GPU now"
+    );
+    // Serving as many starving apps as possible comes first: one GPU each beats two for one.
+    assert_eq!((held(&market, "a").len(), held(&market, "b").len()), (1, 1));
+}
+
+#[test]
+fn early_release_and_finishing_free_gpus() {
+    let mut market = market(uniform_cluster(1, 1, 1, 4), 0.0);
+    market
+        .add_app(single_job_app("a", 2, 100, 1.0), Timestamp(0))
+        .expect("new app");
+    market
+        .add_app(single_job_app("b", 2, 100, 1.0), Timestamp(0))
+        .expect("new app");
+    market
+        .run_round(Timestamp(0), 1)
+        .expect("offer")
+        .expect("round");
+    let lease = market
+        .leases()
+        .leases_of(&AppId::from("a"))
+        .next()
+        .expect("a holds a lease")
+        .id;
+    let released = market
+        .release_lease(lease, Timestamp(5000))
+        .expect("active lease");
+    assert_eq!(
+        (released.state, released.ended_at),
+        (LeaseState::Released, Some(Timestamp(5000)))
+    );
+    let finished = market
+        .remove_app(&AppId::from("b"), Timestamp(6000))
+        .expect("known app");
+    assert_eq!(finished.len(), 1);
+    assert_eq!(market.free_gpus().len(), 4);
+    assert_eq!(
+        market.remove_app(&AppId::from("b"), Timestamp(6000)),
+        Err(MarketError::UnknownApp(AppId::from("b")))
+    );
+}
+
+#[test]
+fn a_lost_gpu_revokes_its_lease_and_is_not_offered() {
+    let mut market = market(uniform_cluster(1, 1, 1, 2), 0.0);
+    market
+        .add_app(single_job_app("a", 2, 100, 1.0), Timestamp(0))
+        .expect("new app");
+    market
+        .run_round(Timestamp(0), 1)
+        .expect("offer")
+        .expect("round");
+    let revoked = market
+        .set_gpu_health(GpuIndex(0), false, Timestamp(10))
+        .expect("gpu 0 was leased");
+    assert_eq!(revoked.state, LeaseState::Revoked);
+    assert_eq!(market.free_gpus(), vec![GpuIndex(1)]);
+    let outcome = market
+        .run_round(Timestamp(20), 2)
+        .expect("offer")
+        .expect("round");
+    assert_eq!(
+        outcome.offer.gpus.len(),
+        1,
+        "the unhealthy GPU is withdrawn"
+    );
+    market.set_gpu_health(GpuIndex(0), true, Timestamp(30));
+    assert_eq!(market.free_gpus(), vec![GpuIndex(0)]);
+}
+
+#[test]
+fn closing_a_stale_offer_changes_nothing() {
+    let mut market = market(uniform_cluster(1, 1, 1, 2), 0.0);
+    market
+        .add_app(single_job_app("a", 1, 100, 1.0), Timestamp(0))
+        .expect("new app");
+    let round = market.open_round(Timestamp(0)).expect("offer");
+    let bid = market
+        .agent_bid(&round, &AppId::from("a"))
+        .expect("known app");
+    market.set_gpu_health(GpuIndex(1), false, Timestamp(0));
+    let result = market.close_round(round, vec![bid], 1);
+    assert!(
+        matches!(result, Err(MarketError::StaleOffer(_))),
+        "{result:?}"
+    );
+    assert_eq!(market.leases().active().count(), 0);
+}
+
+#[test]
+fn only_invited_apps_may_bid() {
+    let mut market = market(uniform_cluster(1, 1, 1, 2), 0.8);
+    for app in ["a", "b"] {
+        market
+            .add_app(single_job_app(app, 1, 100, 1.0), Timestamp(0))
+            .expect("new app");
+    }
+    let round = market.open_round(Timestamp(0)).expect("offer");
+    assert_eq!(round.bidders, vec![AppId::from("a")]);
+    let intruder = market
+        .agent_bid(&round, &AppId::from("b"))
+        .expect("known app");
+    assert_eq!(
+        market.close_round(round, vec![intruder], 1),
+        Err(MarketError::NotABidder(AppId::from("b")))
+    );
+}
+
+#[test]
+fn rejects_a_fairness_knob_outside_its_range() {
+    let config = MarketConfig {
+        fairness_knob: 1.0,
+        ..MarketConfig::default()
+    };
+    let result = Market::new(uniform_cluster(1, 1, 1, 1), config, Timestamp(0));
+    assert!(matches!(result, Err(MarketError::InvalidFairnessKnob(_))));
+}
+
+#[derive(Debug, Clone)]
+struct Scenario {
+    racks: u32,
+    machines: u32,
+    gpus_per_machine: u32,
+    apps: Vec<(u32, u64)>,
+    fairness_knob: f64,
+    policy: LeftoverPolicy,
+    steps: Vec<(u64, bool)>,
+    seed: u64,
+}
+
+fn scenario() -> impl Strategy<Value = Scenario> {
+    (
+        1u32..=2,
+        1u32..=3,
+        1u32..=4,
+        prop::collection::vec((1u32..=4, 10u64..200), 1..7),
+        prop_oneof![Just(0.0), Just(0.5), Just(0.8)],
+        prop_oneof![
+            Just(LeftoverPolicy::RandomToNonBidders),
+            Just(LeftoverPolicy::ReauctionNextWorst)
+        ],
+        prop::collection::vec((1u64..900, any::<bool>()), 1..6),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(racks, machines, gpus_per_machine, apps, fairness_knob, policy, steps, seed)| {
+                Scenario {
+                    racks,
+                    machines,
+                    gpus_per_machine,
+                    apps,
+                    fairness_knob,
+                    policy,
+                    steps,
+                    seed,
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// After every round: no offered GPU is idle while an app wants more, no GPU is in two
+    /// leases, every allocation lies within what was offered, and the same state and seed give
+    /// the same outcome.
+    #[test]
+    fn rounds_are_work_conserving_exclusive_and_deterministic(scenario in scenario()) {
+        let cluster = uniform_cluster(scenario.racks, scenario.machines, 1, scenario.gpus_per_machine);
+        let config = MarketConfig { fairness_knob: scenario.fairness_knob, lease_length: LEASE, leftover_policy: scenario.policy, ..MarketConfig::default() };
+        let mut market = Market::new(cluster, config, Timestamp(0)).expect("valid config");
+        let mut now = Timestamp(0);
+        let mut apps = scenario.apps.iter().enumerate().map(|(n, &(demand, iterations))| {
+            single_job_app(&format!("app{n}"), demand, iterations, 3.0)
+        });
+        let first: Vec<App> = apps.by_ref().take(scenario.apps.len().div_ceil(2)).collect();
+        for app in first {
+            market.add_app(app, now).expect("new app");
+        }
+        for (step, &(advance_seconds, arrive)) in scenario.steps.iter().enumerate() {
+            now = now.saturating_add(Duration::from_secs(advance_seconds));
+            market.expire_leases(now);
+            if arrive {
+                if let Some(app) = apps.next() {
+                    market.add_app(app, now).expect("new app");
+                }
+            }
+            let mut twin = market.clone();
+            let seed = scenario.seed.wrapping_add(step as u64);
+            let outcome = market.run_round(now, seed).map(|result| result.expect("valid round"));
+            let twin_outcome = twin.run_round(now, seed).map(|result| result.expect("valid round"));
+            prop_assert_eq!(&outcome, &twin_outcome);
+            if let Some(outcome) = &outcome {
+                let offered: std::collections::HashSet<_> = outcome.offer.gpus.iter().map(|gpu| gpu.id.clone()).collect();
+                for lease in &outcome.leases {
+                    for &gpu in &lease.gpus {
+                        prop_assert!(offered.contains(&market.cluster().gpu(gpu).id));
+                    }
+                }
+            }
+            let wanting: Vec<_> = market.standings(now).into_iter().filter(|s| s.unmet_demand > 0).collect();
+            prop_assert!(market.free_gpus().is_empty() || wanting.is_empty(),
+                "idle GPUs {:?} while {:?} want more", market.free_gpus(), wanting);
+            let mut seen = std::collections::HashSet::new();
+            for lease in market.leases().active() {
+                for gpu in &lease.gpus {
+                    prop_assert!(seen.insert(*gpu), "GPU {:?} leased twice", gpu);
+                }
+            }
+        }
+    }
+}
