@@ -56,6 +56,7 @@ pub enum LeaseError {
 pub struct LeaseBook {
     active: BTreeMap<LeaseId, Lease>,
     holder: HashMap<GpuIndex, LeaseId>,
+    by_app: HashMap<AppId, BTreeSet<LeaseId>>,
     by_end: BTreeSet<(Timestamp, LeaseId)>,
     next_id: u64,
 }
@@ -121,6 +122,10 @@ impl LeaseBook {
             self.holder.insert(gpu, lease.id);
         }
         self.by_end.insert((lease.end, lease.id));
+        self.by_app
+            .entry(lease.app.clone())
+            .or_default()
+            .insert(lease.id);
         self.active.insert(lease.id, lease);
     }
 
@@ -130,6 +135,12 @@ impl LeaseBook {
             self.holder.remove(gpu);
         }
         self.by_end.remove(&(lease.end, id));
+        if let Some(ids) = self.by_app.get_mut(&lease.app) {
+            ids.remove(&id);
+            if ids.is_empty() {
+                self.by_app.remove(&lease.app);
+            }
+        }
         lease.state = state;
         lease.ended_at = Some(at.min(lease.end));
         Ok(lease)
@@ -175,7 +186,11 @@ impl LeaseBook {
     }
 
     pub fn leases_of<'a>(&'a self, app: &'a AppId) -> impl Iterator<Item = &'a Lease> {
-        self.active.values().filter(move |lease| &lease.app == app)
+        self.by_app
+            .get(app)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.active.get(id))
     }
 
     /// The earliest end of an active lease: when the next resource-available event is due.
@@ -321,6 +336,8 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(seen.len(), book.holder.len());
+                let indexed: usize = book.by_app.values().map(BTreeSet::len).sum();
+                prop_assert_eq!(indexed, book.active.len());
             }
         }
     }

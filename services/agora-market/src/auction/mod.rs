@@ -299,6 +299,12 @@ impl<'a> Instance<'a> {
     fn settle(&self, choice: &solver::Solution, seed: u64) -> AuctionOutcome {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let pf_gpus = self.assign_concrete_gpus(&choice.options);
+        let locations: HashMap<&GpuId, GpuLocation> = self
+            .offer
+            .gpus
+            .iter()
+            .map(|gpu| (&gpu.id, gpu.location))
+            .collect();
         let mut outcome = AuctionOutcome::default();
         let mut kept_anywhere = HashSet::new();
         for (index, bidder) in self.bidders.iter().enumerate() {
@@ -311,7 +317,7 @@ impl<'a> Instance<'a> {
             } else {
                 kept_count(share, bundle.len(), bidder.is_starving(), &mut rng)
             };
-            let kept = self.best_placed(bundle, keep);
+            let kept = best_placed(bundle, keep, &locations);
             kept_anywhere.extend(kept.iter().cloned());
             outcome.pf.insert(app.clone(), chosen);
             outcome.c.insert(app.clone(), share);
@@ -380,26 +386,24 @@ impl<'a> Instance<'a> {
             })
             .collect()
     }
+}
 
-    /// The best-placed `count` GPUs of `bundle`.
-    fn best_placed(&self, bundle: &[GpuId], count: usize) -> Vec<GpuId> {
-        if count >= bundle.len() {
-            return bundle.to_vec();
-        }
-        let location: HashMap<&GpuId, GpuLocation> = self
-            .offer
-            .gpus
-            .iter()
-            .map(|gpu| (&gpu.id, gpu.location))
-            .collect();
-        let index = PlacementIndex::new(bundle.iter().map(|gpu| location[gpu]).collect());
-        let mut chosen = index.best_subset(count, &[]);
-        chosen.sort_unstable();
-        chosen
-            .into_iter()
-            .map(|item| bundle[item].clone())
-            .collect()
+/// The best-placed `count` GPUs of `bundle`.
+fn best_placed(
+    bundle: &[GpuId],
+    count: usize,
+    locations: &HashMap<&GpuId, GpuLocation>,
+) -> Vec<GpuId> {
+    if count >= bundle.len() {
+        return bundle.to_vec();
     }
+    let index = PlacementIndex::new(bundle.iter().map(|gpu| locations[gpu]).collect());
+    let mut chosen = index.best_subset(count, &[]);
+    chosen.sort_unstable();
+    chosen
+        .into_iter()
+        .map(|item| bundle[item].clone())
+        .collect()
 }
 
 /// How many of a PF bundle's `size` GPUs a bidder keeps with share `share`: c*k rounded up with
