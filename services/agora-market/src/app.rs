@@ -302,3 +302,87 @@ impl App {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: &str, completed: u64, max_gpus: u32) -> Job {
+        Job {
+            id: id.into(),
+            total_iterations: 100,
+            completed_iterations: completed,
+            serial_iteration_time: 1.0,
+            max_gpus,
+            slowdown: PlacementSlowdown::default(),
+            stopped: false,
+        }
+    }
+
+    fn halving(current_phase: usize, completed: u64) -> App {
+        App {
+            id: AppId::from("sh"),
+            kind: AppKind::SuccessiveHalving(SuccessiveHalving {
+                budget_gpu_seconds: 1000.0,
+                phase_iterations: vec![10, 20],
+                jobs_per_phase: vec![2, 1],
+                current_phase,
+                jobs: vec![job("a", completed, 2), job("b", completed, 3)],
+            }),
+        }
+    }
+
+    #[test]
+    fn demand_is_the_sum_over_running_jobs() {
+        assert_eq!(halving(0, 0).current_demand(), 5);
+        let single = App { id: AppId::from("s"), kind: AppKind::SingleJob { job: job("j", 100, 4) } };
+        assert_eq!(single.current_demand(), 0, "a finished job wants nothing");
+        assert!(single.is_finished());
+    }
+
+    #[test]
+    fn successive_halving_finishes_after_its_last_phase() {
+        assert!(!halving(0, 10).is_finished(), "phase 0 done, phase 1 still to run");
+        let mut app = halving(0, 10);
+        let AppKind::SuccessiveHalving(search) = &mut app.kind else { unreachable!() };
+        search.advance_phase(&["b"]);
+        assert_eq!(app.running_jobs().len(), 1);
+        assert!(!app.is_finished());
+        let AppKind::SuccessiveHalving(search) = &mut app.kind else { unreachable!() };
+        search.jobs[1].completed_iterations = 30;
+        assert!(app.is_finished());
+    }
+
+    #[test]
+    fn performance_curve_jobs_stop_at_their_prediction() {
+        let curve = PerformanceCurve {
+            jobs: vec![
+                CurveJob { job: job("a", 40, 1), predicted_final_iteration: 60 },
+                CurveJob { job: job("b", 40, 1), predicted_final_iteration: 40 },
+                CurveJob { job: job("c", 0, 1), predicted_final_iteration: 500 },
+            ],
+        };
+        let remaining: Vec<f64> = curve.jobs_remaining(1).iter().map(|job| job.iterations_remaining).collect();
+        assert_eq!(remaining, vec![20.0, 100.0], "b is done; c's prediction is capped at its total");
+        assert_eq!(curve.total_work_gpu_seconds(), 60.0 + 40.0 + 100.0);
+    }
+
+    #[test]
+    fn observed_slowdowns_replace_estimates_and_never_go_below_one() {
+        let mut slowdown = PlacementSlowdown::default();
+        slowdown.observe(Locality::CrossRack, 2.5);
+        slowdown.observe(Locality::SameMachine, 0.9);
+        assert_eq!(slowdown.at(Locality::CrossRack), 2.5);
+        assert_eq!(slowdown.at(Locality::SameMachine), 1.0);
+        assert_eq!(slowdown.at(Locality::SameRack), 1.1);
+    }
+
+    #[test]
+    fn app_json_names_its_kind() {
+        let app = halving(0, 0);
+        let json = serde_json::to_value(&app).expect("serialisable");
+        assert_eq!(json["kind"], "successive_halving");
+        let back: App = serde_json::from_value(json).expect("round trip");
+        assert_eq!(back, app);
+    }
+}

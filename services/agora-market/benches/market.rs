@@ -1,0 +1,288 @@
+//! Performance of a market round and of bid generation on seeded, contended, steady-state
+//! scenarios (see `scenario/mod.rs` and BENCHMARKS.md at the repository root).
+//!
+//! - `round/<scenario>`: `Market::run_round` on a clone of a prepared market (the clone is made
+//!   outside the timed region), rotating through the scenario's snapshots with a new seed each
+//!   round: sorting by rho, bids of the worst ceil((1-f)N) apps, the HiGHS auction with
+//!   payments, leftovers and leases.
+//! - `bid/<scenario>`: `Market::agent_bid` for one bidder of an opened round, rotating through
+//!   every bidder of every snapshot.
+//!
+//! Every individual timing is recorded; at the end of the run the p50/p95/max of each benchmark
+//! and a breakdown of one round per snapshot into its phases are printed and written to
+//! `target/criterion/percentiles.txt`.
+//!
+//! Run with `cargo bench -p agora-market --bench market` (add a filter such as `-- 256gpu` to run
+//! one scenario).
+
+mod scenario;
+
+use std::cell::OnceCell;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use agora_market::auction::{run_auction, AppBid};
+use agora_market::market::Market;
+use criterion::{Criterion, SamplingMode};
+
+use scenario::{percentiles, Scenario, ScenarioSpec, SCENARIOS};
+
+/// Every timing of every benchmark that ran, by benchmark id.
+static TIMINGS: Mutex<BTreeMap<String, Vec<Duration>>> = Mutex::new(BTreeMap::new());
+
+/// Scenarios that ran, with what their rounds work on and a per-phase breakdown.
+static REPORTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn record(id: &str, samples: Vec<Duration>) {
+    TIMINGS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .entry(id.to_owned())
+        .or_default()
+        .extend(samples);
+}
+
+/// Criterion settings per scenario: (samples, measurement time). Few samples for the large
+/// ones so that the whole run stays within about ten minutes on two cores.
+fn settings(spec: &ScenarioSpec) -> (usize, Duration, Duration) {
+    match spec.gpus {
+        0..=64 => (20, Duration::from_secs(4), Duration::from_secs(1)),
+        65..=256 => (20, Duration::from_secs(6), Duration::from_secs(1)),
+        257..=1024 => (10, Duration::from_secs(10), Duration::from_secs(1)),
+        _ => (10, Duration::from_secs(20), Duration::from_secs(1)),
+    }
+}
+
+fn bench_scenario(c: &mut Criterion, spec: ScenarioSpec) {
+    let (samples, measurement, warm_up) = settings(&spec);
+    // Built on first use, so that a filtered-out scenario costs nothing.
+    let scenario: OnceCell<Scenario> = OnceCell::new();
+    let prepared = || {
+        scenario.get_or_init(|| {
+            let started = Instant::now();
+            let built = Scenario::build(spec);
+            eprintln!(
+                "prepared {} ({} snapshots) in {:.1} s",
+                spec.name,
+                built.snapshots.len(),
+                started.elapsed().as_secs_f64()
+            );
+            built
+        })
+    };
+
+    let mut group = c.benchmark_group("round");
+    group
+        .sample_size(samples)
+        .measurement_time(measurement)
+        .warm_up_time(warm_up)
+        .sampling_mode(SamplingMode::Flat);
+    let round_id = format!("round/{}", spec.name);
+    group.bench_function(spec.name, |b| {
+        let scenario = prepared();
+        let mut seed = 0u64;
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut timings = Vec::with_capacity(iters as usize);
+            for _ in 0..iters {
+                let snapshot = &scenario.snapshots[seed as usize % scenario.snapshots.len()];
+                let mut market = snapshot.market.clone();
+                let started = Instant::now();
+                let outcome = market.run_round(black_box(snapshot.now), black_box(seed));
+                let elapsed = started.elapsed();
+                let outcome = outcome.expect("free GPUs and bidders").expect("valid round");
+                drop(black_box(outcome));
+                drop(market);
+                total += elapsed;
+                timings.push(elapsed);
+                seed += 1;
+            }
+            record(&round_id, timings);
+            total
+        });
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("bid");
+    group
+        .sample_size(samples.max(20))
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(warm_up)
+        .sampling_mode(SamplingMode::Flat);
+    let bid_id = format!("bid/{}", spec.name);
+    group.bench_function(spec.name, |b| {
+        let scenario = prepared();
+        let offers = scenario.offers();
+        let bidders: Vec<(&Market, &_, &_)> = offers
+            .iter()
+            .flat_map(|(index, offer)| {
+                let market = &scenario.snapshots[*index].market;
+                offer.bidders.iter().map(move |app| (market, offer, app))
+            })
+            .collect();
+        let mut next = 0usize;
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut timings = Vec::with_capacity(iters as usize);
+            for _ in 0..iters {
+                let (market, offer, app) = bidders[next % bidders.len()];
+                let started = Instant::now();
+                let bid = market.agent_bid(black_box(offer), black_box(app));
+                let elapsed = started.elapsed();
+                drop(black_box(bid.expect("a bidder")));
+                total += elapsed;
+                timings.push(elapsed);
+                next += 1;
+            }
+            record(&bid_id, timings);
+            total
+        });
+    });
+    group.finish();
+
+    if let Some(scenario) = scenario.get() {
+        let report = breakdown(scenario);
+        REPORTS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(report);
+    }
+}
+
+fn millis(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+/// One round per snapshot, split into its phases: cloning the market (not part of the measured
+/// round), opening the round (rho of every app, sort, offer and placement index), every bidder's
+/// bid, the auction alone (PF program, payments, settling), and the rest of closing the round
+/// (validation, the same auction again, leftovers, leases).
+fn breakdown(scenario: &Scenario) -> String {
+    let mut text = String::new();
+    let spec = scenario.spec;
+    let stats = scenario.stats();
+    let _ = writeln!(
+        text,
+        "{}: {} GPUs, {} apps, f = {}, {} snapshots",
+        spec.name,
+        spec.gpus,
+        spec.apps,
+        spec.fairness_knob,
+        scenario.snapshots.len()
+    );
+    for (index, (snapshot, stats)) in scenario.snapshots.iter().zip(&stats).enumerate() {
+        let started = Instant::now();
+        let mut market = snapshot.market.clone();
+        let clone = started.elapsed();
+
+        let started = Instant::now();
+        let round = market.open_round(snapshot.now).expect("an offer");
+        let open = started.elapsed();
+
+        let started = Instant::now();
+        let bids: Vec<AppBid> = round
+            .bidders
+            .iter()
+            .map(|app| market.agent_bid(&round, app).expect("a bidder"))
+            .collect();
+        let bidding = started.elapsed();
+
+        let started = Instant::now();
+        let auction = run_auction(&round.offer.offer, &bids, 7).expect("valid auction");
+        let auction_alone = started.elapsed();
+        let winners = auction.allocation.values().filter(|gpus| !gpus.is_empty()).count();
+        let paying = auction.c.values().filter(|&&share| share < 1.0).count();
+
+        let started = Instant::now();
+        market.close_round(round, bids, 7).expect("valid round");
+        let close = started.elapsed();
+
+        let _ = writeln!(
+            text,
+            "  snapshot {index} (t = {} s): {} free GPUs offered, {} active leases, {} bidders, \
+             {} bid entries, {winners} winners, {paying} paying c < 1 | clone {:.2} ms, \
+             open_round {:.2} ms, bids {:.2} ms, run_auction {:.2} ms, close_round {:.2} ms \
+             (of which leftovers+leases ~{:.2} ms)",
+            snapshot.now.0 / 1000,
+            stats.free_gpus,
+            stats.active_leases,
+            stats.bidders,
+            stats.bid_entries,
+            millis(clone),
+            millis(open),
+            millis(bidding),
+            millis(auction_alone),
+            millis(close),
+            millis(close.saturating_sub(auction_alone)),
+        );
+    }
+    text
+}
+
+fn percentile_report() -> String {
+    let mut text = String::from(
+        "Per-call timings recorded by the benchmarks (warm-up iterations included), nearest-rank\n\
+         percentiles.\n\n",
+    );
+    let _ = writeln!(
+        text,
+        "{:<28} {:>8} {:>12} {:>12} {:>12}",
+        "benchmark", "calls", "p50 (ms)", "p95 (ms)", "max (ms)"
+    );
+    let mut timings = TIMINGS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    for (id, samples) in timings.iter_mut() {
+        let calls = samples.len();
+        if let Some((p50, p95, max)) = percentiles(samples) {
+            let _ = writeln!(
+                text,
+                "{id:<28} {calls:>8} {:>12.3} {:>12.3} {:>12.3}",
+                millis(p50),
+                millis(p95),
+                millis(max)
+            );
+        }
+    }
+    let reports = REPORTS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if !reports.is_empty() {
+        text.push_str("\nOne round per snapshot, by phase:\n");
+        for report in reports.iter() {
+            text.push_str(report);
+        }
+    }
+    text
+}
+
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    for spec in SCENARIOS {
+        bench_scenario(&mut criterion, spec);
+    }
+    criterion.final_summary();
+    if TIMINGS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .is_empty()
+    {
+        return;
+    }
+    let report = percentile_report();
+    println!("\n{report}");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    let path = target.join("criterion").join("percentiles.txt");
+    let written = std::fs::create_dir_all(path.parent().unwrap_or(&target))
+        .and_then(|()| std::fs::write(&path, &report));
+    match written {
+        Ok(()) => println!("written to {}", path.display()),
+        Err(error) => eprintln!("could not write {}: {error}", path.display()),
+    }
+}

@@ -1,0 +1,1229 @@
+//! Integration tests of the partial-allocation auction (Themis §3.3.1).
+//!
+//! 1. Hand-checked examples with exact expected outcomes.
+//! 2. Property tests against a brute-force oracle ([`Model`]) that enumerates every choice of
+//!    at most one table entry per bidder.
+//! 3. Mechanism properties of the PF choice and the hidden payments: Pareto efficiency, the
+//!    swap-envy the PF choice rules out, truth-telling, unbiased rounding.
+//!
+//! The mechanism the oracle implements (independently of the engine):
+//! - v = 1/rho; a bidder takes one entry of its table or nothing (valued 1/rho_old, or
+//!   "starving" when rho_old is `None`);
+//! - a choice is feasible when, per interchange class, the chosen bundles' counts fit the number
+//!   of offered GPUs of the class;
+//! - only entries with rho < rho_old are eligible (every entry of a starving bidder is);
+//! - the PF choice maximises, lexicographically, (starving bidders served, sum of gains) with
+//!   gain = ln(rho_old / rho) (ln(1 / rho) for the starving), 0 for nothing;
+//! - the hidden payment of a winner i is c_i = exp(W(x*) - W(y)), W the others' gains and y the
+//!   others' best choice without i serving as many starving others as x* does.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use agora_market::app::AppId;
+use agora_market::auction::{
+    run_auction, AppBid, AuctionError, AuctionOutcome, BidEntry, Offer, OfferedGpu,
+};
+use agora_market::rho::Rho;
+use agora_market::topology::{GpuId, GpuLocation};
+use proptest::prelude::*;
+
+// ---------------------------------------------------------------------------------------------
+// Builders
+// ---------------------------------------------------------------------------------------------
+
+fn gpu(id: &str) -> GpuId {
+    GpuId::from(id)
+}
+
+fn gpus(ids: &[&str]) -> Vec<GpuId> {
+    ids.iter().map(|id| gpu(id)).collect()
+}
+
+fn app(id: &str) -> AppId {
+    AppId::from(id)
+}
+
+fn rho(value: f64) -> Rho {
+    Rho::new(value).expect("test rho values are valid")
+}
+
+/// An offer where every GPU is its own interchange class.
+fn plain_offer(ids: &[&str]) -> Offer {
+    Offer::without_topology(gpus(ids))
+}
+
+/// An offer of GPUs with the given interchange classes; GPUs of one class share a slot.
+fn offer_with_classes(gpus_and_classes: &[(&str, u32)]) -> Offer {
+    Offer {
+        gpus: gpus_and_classes
+            .iter()
+            .map(|&(id, class)| OfferedGpu {
+                id: gpu(id),
+                location: GpuLocation {
+                    rack: class / 4,
+                    machine: class / 2,
+                    slot: class,
+                },
+                interchange_class: class,
+            })
+            .collect(),
+    }
+}
+
+/// A bid: `rho_old` (`None`: starving) and a table of (bundle, rho).
+fn bid(app_id: &str, rho_old: Option<f64>, table: &[(&[&str], f64)]) -> AppBid {
+    AppBid {
+        app: app(app_id),
+        rho_old: rho_old.map(rho),
+        bids: table
+            .iter()
+            .map(|&(bundle, value)| BidEntry {
+                gpus: gpus(bundle),
+                rho: rho(value),
+            })
+            .collect(),
+    }
+}
+
+fn run(offer: &Offer, bids: &[AppBid], seed: u64) -> AuctionOutcome {
+    run_auction(offer, bids, seed).expect("the auction runs")
+}
+
+fn assert_close(actual: f64, expected: f64, relative: f64, what: &str) {
+    let scale = expected.abs().max(actual.abs()).max(1e-300);
+    assert!(
+        (actual - expected).abs() <= relative * scale,
+        "{what}: got {actual}, expected {expected}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The brute-force oracle
+// ---------------------------------------------------------------------------------------------
+
+/// At most one entry index per bidder, in the order of the bids given to [`Model::new`].
+type Choice = Vec<Option<usize>>;
+
+/// The auction aggregated into classes, built from the same inputs as the engine.
+#[derive(Debug)]
+struct Model {
+    /// Offered GPUs per class.
+    capacity: Vec<u32>,
+    class_of: HashMap<GpuId, usize>,
+    bidders: Vec<ModelBidder>,
+}
+
+#[derive(Debug)]
+struct ModelBidder {
+    app: AppId,
+    rho_old: Option<f64>,
+    entries: Vec<ModelEntry>,
+}
+
+#[derive(Debug)]
+struct ModelEntry {
+    /// GPUs per class.
+    counts: Vec<u32>,
+    rho: f64,
+}
+
+impl Model {
+    fn new(offer: &Offer, bids: &[AppBid]) -> Self {
+        let mut class_numbers: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut class_of = HashMap::new();
+        for offered in &offer.gpus {
+            let next = class_numbers.len();
+            let class = *class_numbers
+                .entry(offered.interchange_class)
+                .or_insert(next);
+            class_of.insert(offered.id.clone(), class);
+        }
+        let mut capacity = vec![0; class_numbers.len()];
+        for &class in class_of.values() {
+            capacity[class] += 1;
+        }
+        let mut model = Self {
+            capacity,
+            class_of,
+            bidders: Vec::new(),
+        };
+        model.bidders = bids
+            .iter()
+            .map(|bid| ModelBidder {
+                app: bid.app.clone(),
+                rho_old: bid.rho_old.map(Rho::get),
+                entries: bid
+                    .bids
+                    .iter()
+                    .map(|entry| ModelEntry {
+                        counts: model.counts_of(&entry.gpus),
+                        rho: entry.rho.get(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        model
+    }
+
+    fn counts_of(&self, bundle: &[GpuId]) -> Vec<u32> {
+        let mut counts = vec![0; self.capacity.len()];
+        for id in bundle {
+            counts[self.class_of[id]] += 1;
+        }
+        counts
+    }
+
+    fn is_starving(&self, bidder: usize) -> bool {
+        self.bidders[bidder].rho_old.is_none()
+    }
+
+    fn all_finite(&self) -> bool {
+        self.bidders.iter().all(|bidder| bidder.rho_old.is_some())
+    }
+
+    fn eligible(&self, bidder: usize, entry: usize) -> bool {
+        let bidder = &self.bidders[bidder];
+        bidder
+            .rho_old
+            .is_none_or(|rho_old| bidder.entries[entry].rho < rho_old)
+    }
+
+    /// The objective term of `bidder` taking `entry`.
+    fn gain(&self, bidder: usize, entry: usize) -> f64 {
+        let bidder = &self.bidders[bidder];
+        let rho = bidder.entries[entry].rho;
+        match bidder.rho_old {
+            Some(rho_old) => rho_old.ln() - rho.ln(),
+            None => -rho.ln(),
+        }
+    }
+
+    /// Every feasible choice; with `eligible_only`, only over eligible entries.
+    fn choices(&self, eligible_only: bool) -> Vec<Choice> {
+        let mut all = Vec::new();
+        let mut used = vec![0; self.capacity.len()];
+        self.extend(eligible_only, &mut used, &mut Vec::new(), &mut all);
+        all
+    }
+
+    fn extend(
+        &self,
+        eligible_only: bool,
+        used: &mut Vec<u32>,
+        current: &mut Choice,
+        all: &mut Vec<Choice>,
+    ) {
+        let bidder = current.len();
+        if bidder == self.bidders.len() {
+            all.push(current.clone());
+            return;
+        }
+        current.push(None);
+        self.extend(eligible_only, used, current, all);
+        current.pop();
+        for (index, entry) in self.bidders[bidder].entries.iter().enumerate() {
+            if eligible_only && !self.eligible(bidder, index) {
+                continue;
+            }
+            let fits = entry
+                .counts
+                .iter()
+                .zip(used.iter())
+                .zip(&self.capacity)
+                .all(|((n, u), cap)| n + u <= *cap);
+            if !fits {
+                continue;
+            }
+            for (u, n) in used.iter_mut().zip(&entry.counts) {
+                *u += n;
+            }
+            current.push(Some(index));
+            self.extend(eligible_only, used, current, all);
+            current.pop();
+            for (u, n) in used.iter_mut().zip(&entry.counts) {
+                *u -= n;
+            }
+        }
+    }
+
+    fn is_feasible(&self, choice: &Choice) -> bool {
+        let mut used = vec![0; self.capacity.len()];
+        for (bidder, entry) in choice.iter().enumerate() {
+            if let Some(entry) = entry {
+                for (u, n) in used
+                    .iter_mut()
+                    .zip(&self.bidders[bidder].entries[*entry].counts)
+                {
+                    *u += n;
+                }
+            }
+        }
+        used.iter().zip(&self.capacity).all(|(u, cap)| u <= cap)
+    }
+
+    /// Starving bidders served, except `skip`.
+    fn starving_served(&self, choice: &Choice, skip: Option<usize>) -> usize {
+        choice
+            .iter()
+            .enumerate()
+            .filter(|&(bidder, entry)| {
+                Some(bidder) != skip && entry.is_some() && self.is_starving(bidder)
+            })
+            .count()
+    }
+
+    /// Sum of gains, except `skip`'s.
+    fn welfare(&self, choice: &Choice, skip: Option<usize>) -> f64 {
+        choice
+            .iter()
+            .enumerate()
+            .filter(|&(bidder, _)| Some(bidder) != skip)
+            .filter_map(|(bidder, entry)| entry.map(|entry| self.gain(bidder, entry)))
+            .sum()
+    }
+
+    /// The lexicographic optimum: (starving bidders served, sum of gains).
+    fn pf_optimum(&self) -> (usize, f64) {
+        let choices = self.choices(true);
+        let served = choices
+            .iter()
+            .map(|choice| self.starving_served(choice, None))
+            .max()
+            .expect("nothing is feasible");
+        let welfare = choices
+            .iter()
+            .filter(|choice| self.starving_served(choice, None) == served)
+            .map(|choice| self.welfare(choice, None))
+            .fold(f64::NEG_INFINITY, f64::max);
+        (served, welfare)
+    }
+
+    /// ln of the others' best welfare without `bidder`, serving `served` starving others.
+    fn best_without(&self, bidder: usize, served: usize) -> f64 {
+        self.choices(true)
+            .iter()
+            .filter(|choice| {
+                choice[bidder].is_none() && self.starving_served(choice, Some(bidder)) == served
+            })
+            .map(|choice| self.welfare(choice, Some(bidder)))
+            .fold(f64::NEG_INFINITY, f64::max)
+    }
+
+    /// The hidden-payment share of `bidder` given the PF choice `pf`.
+    fn share(&self, pf: &Choice, bidder: usize) -> f64 {
+        if pf[bidder].is_none() {
+            return 1.0;
+        }
+        let served = self.starving_served(pf, Some(bidder));
+        (self.welfare(pf, Some(bidder)) - self.best_without(bidder, served)).exp()
+    }
+
+    /// rho of `bidder` under `entry` (rho_old for nothing); only for bidders holding GPUs.
+    fn rho_under(&self, bidder: usize, entry: Option<usize>) -> f64 {
+        let bidder = &self.bidders[bidder];
+        match entry {
+            Some(entry) => bidder.entries[entry].rho,
+            None => bidder.rho_old.expect("only for bidders holding GPUs"),
+        }
+    }
+
+    /// How `bidder` values a bundle of `counts` as a rho (smaller is better): its best entry
+    /// with exactly these counts, and never worse than keeping what it holds. The empty bundle
+    /// is "nothing". Only for bidders holding GPUs.
+    fn rho_of_bundle(&self, bidder: usize, counts: &[u32]) -> f64 {
+        let model_bidder = &self.bidders[bidder];
+        let rho_old = model_bidder.rho_old.expect("only for bidders holding GPUs");
+        model_bidder
+            .entries
+            .iter()
+            .filter(|entry| entry.counts == counts)
+            .map(|entry| entry.rho)
+            .fold(rho_old, f64::min)
+    }
+
+    fn bundle_counts(&self, bidder: usize, entry: Option<usize>) -> Vec<u32> {
+        entry.map_or_else(
+            || vec![0; self.capacity.len()],
+            |entry| self.bidders[bidder].entries[entry].counts.clone(),
+        )
+    }
+
+    /// The engine's PF choice in model order.
+    fn choice_of(&self, outcome: &AuctionOutcome) -> Choice {
+        self.bidders
+            .iter()
+            .map(|bidder| outcome.pf[&bidder.app])
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outcome checks shared by the property tests
+// ---------------------------------------------------------------------------------------------
+
+/// Everything the outcome must satisfy whatever the instance: PF optimal and feasible, shares in
+/// (0, 1] (equal to the oracle's when nobody starves), consistent concrete GPUs and rounding.
+fn check_outcome(offer: &Offer, bids: &[AppBid], outcome: &AuctionOutcome) {
+    let model = Model::new(offer, bids);
+    let apps: BTreeSet<&AppId> = bids.iter().map(|bid| &bid.app).collect();
+    for (name, keys) in [
+        ("pf", outcome.pf.keys().collect::<BTreeSet<_>>()),
+        ("pf_gpus", outcome.pf_gpus.keys().collect()),
+        ("c", outcome.c.keys().collect()),
+        ("allocation", outcome.allocation.keys().collect()),
+    ] {
+        assert_eq!(keys, apps, "{name} must have exactly one entry per bidder");
+    }
+
+    // The PF choice: eligible entries, feasible, lexicographically optimal.
+    let pf = model.choice_of(outcome);
+    for (bidder, entry) in pf.iter().enumerate() {
+        if let Some(entry) = *entry {
+            assert!(
+                entry < model.bidders[bidder].entries.len(),
+                "PF entry index out of range"
+            );
+            assert!(
+                model.eligible(bidder, entry),
+                "bidder {bidder} got entry {entry}, which does not beat rho_old"
+            );
+        }
+    }
+    assert!(
+        model.is_feasible(&pf),
+        "PF choice {pf:?} exceeds a class capacity"
+    );
+    let (served, welfare) = model.pf_optimum();
+    assert_eq!(
+        model.starving_served(&pf, None),
+        served,
+        "starving bidders served by {pf:?}"
+    );
+    let pf_welfare = model.welfare(&pf, None);
+    assert!(
+        (pf_welfare - welfare).abs() <= 1e-7,
+        "PF welfare {pf_welfare} of {pf:?}, optimum {welfare}"
+    );
+
+    // Hidden payments.
+    for (bidder, model_bidder) in model.bidders.iter().enumerate() {
+        let share = outcome.c[&model_bidder.app];
+        assert!(
+            share > 0.0 && share <= 1.0,
+            "c of {} is {share}",
+            model_bidder.app
+        );
+        if pf[bidder].is_none() {
+            assert_eq!(share, 1.0, "a bidder that wins nothing pays nothing");
+        } else if model.all_finite() {
+            assert_close(
+                share,
+                model.share(&pf, bidder),
+                1e-9,
+                "hidden payment share",
+            );
+        }
+    }
+
+    // Concrete PF bundles: per-class counts of the chosen entry, offered, disjoint.
+    let mut in_pf_bundles = BTreeSet::new();
+    for (bidder, model_bidder) in model.bidders.iter().enumerate() {
+        let bundle = &outcome.pf_gpus[&model_bidder.app];
+        for id in bundle {
+            assert!(
+                model.class_of.contains_key(id),
+                "PF GPU {id} is not offered"
+            );
+            assert!(
+                in_pf_bundles.insert(id.clone()),
+                "GPU {id} is in two PF bundles (or twice in one)"
+            );
+        }
+        assert_eq!(
+            model.counts_of(bundle),
+            model.bundle_counts(bidder, pf[bidder]),
+            "PF bundle of {}",
+            model_bidder.app
+        );
+    }
+
+    // Rounding: kept GPUs are a subset of the PF bundle, floor or ceil of c * k of them.
+    let mut kept_anywhere = BTreeSet::new();
+    for (bidder, model_bidder) in model.bidders.iter().enumerate() {
+        let bundle = &outcome.pf_gpus[&model_bidder.app];
+        let kept = &outcome.allocation[&model_bidder.app];
+        for id in kept {
+            assert!(
+                bundle.contains(id),
+                "{} keeps {id}, which is not in its PF bundle",
+                model_bidder.app
+            );
+            assert!(kept_anywhere.insert(id.clone()), "GPU {id} is kept twice");
+        }
+        let exact = outcome.c[&model_bidder.app] * bundle.len() as f64;
+        let (floor, ceil) = (exact.floor() as usize, exact.ceil() as usize);
+        let allowed = if model.is_starving(bidder) && !bundle.is_empty() {
+            [floor.max(1), ceil.max(1)]
+        } else {
+            [floor, ceil]
+        };
+        assert!(
+            allowed.contains(&kept.len()),
+            "{} keeps {} of {} GPUs with c = {}",
+            model_bidder.app,
+            kept.len(),
+            bundle.len(),
+            outcome.c[&model_bidder.app]
+        );
+    }
+
+    // Leftovers: exactly the offered GPUs nobody keeps.
+    let unallocated: BTreeSet<GpuId> = outcome.unallocated.iter().cloned().collect();
+    assert_eq!(
+        unallocated.len(),
+        outcome.unallocated.len(),
+        "a GPU is listed twice as unallocated"
+    );
+    assert!(
+        unallocated.is_disjoint(&kept_anywhere),
+        "a kept GPU is also unallocated"
+    );
+    let offered: BTreeSet<GpuId> = offer.ids().cloned().collect();
+    let covered: BTreeSet<GpuId> = unallocated.union(&kept_anywhere).cloned().collect();
+    assert_eq!(
+        covered, offered,
+        "allocation and unallocated must partition the offer"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random instances
+// ---------------------------------------------------------------------------------------------
+
+/// A small random auction. Bundles are bit masks over the offered GPUs.
+#[derive(Debug, Clone)]
+struct Spec {
+    /// Interchange class of each offered GPU, or `None`: every GPU its own class.
+    classes: Option<Vec<u32>>,
+    gpu_count: usize,
+    bidders: Vec<BidderSpec>,
+    seed: u64,
+}
+
+#[derive(Debug, Clone)]
+struct BidderSpec {
+    rho_old: Option<f64>,
+    entries: Vec<(u32, f64)>,
+}
+
+impl Spec {
+    fn offer(&self) -> Offer {
+        let ids = (0..self.gpu_count).map(|n| GpuId(format!("g{n}")));
+        match &self.classes {
+            None => Offer::without_topology(ids),
+            Some(classes) => Offer {
+                gpus: ids
+                    .zip(classes)
+                    .map(|(id, &class)| OfferedGpu {
+                        id,
+                        location: GpuLocation {
+                            rack: 0,
+                            machine: class / 2,
+                            slot: class,
+                        },
+                        interchange_class: class,
+                    })
+                    .collect(),
+            },
+        }
+    }
+
+    fn bundle(&self, mask: u32) -> Vec<GpuId> {
+        let mask = mask % ((1 << self.gpu_count) - 1) + 1;
+        (0..self.gpu_count)
+            .filter(|n| mask & (1 << n) != 0)
+            .map(|n| GpuId(format!("g{n}")))
+            .collect()
+    }
+
+    /// App names sort in the reverse of the input order, so the engine's sorting matters.
+    fn bids(&self) -> Vec<AppBid> {
+        let count = self.bidders.len();
+        self.bidders
+            .iter()
+            .enumerate()
+            .map(|(index, bidder)| AppBid {
+                app: AppId(format!("app{}", count - index)),
+                rho_old: bidder.rho_old.map(rho),
+                bids: bidder
+                    .entries
+                    .iter()
+                    .map(|&(mask, value)| BidEntry {
+                        gpus: self.bundle(mask),
+                        rho: rho(value),
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+fn rho_value() -> impl Strategy<Value = f64> {
+    0.1f64..10.0
+}
+
+/// A bidder; with `may_starve`, rho_old is `None` (starving) with probability 0.3.
+fn bidder_spec(may_starve: bool) -> impl Strategy<Value = BidderSpec> {
+    let rho_old = if may_starve {
+        prop::option::weighted(0.7, rho_value()).boxed()
+    } else {
+        rho_value().prop_map(Some).boxed()
+    };
+    (
+        rho_old,
+        prop::collection::vec((0u32..64, rho_value()), 0..=4),
+    )
+        .prop_map(|(rho_old, entries)| BidderSpec { rho_old, entries })
+}
+
+/// 1-6 GPUs (in up to 3 shared classes, or one class each), 1-4 bidders with 0-4 entries each.
+fn spec(may_starve: bool) -> impl Strategy<Value = Spec> {
+    (
+        1usize..=6,
+        prop::option::of(prop::collection::vec(0u32..3, 6)),
+        prop::collection::vec(bidder_spec(may_starve), 1..=4),
+        any::<u64>(),
+    )
+        .prop_map(|(gpu_count, classes, bidders, seed)| Spec {
+            classes: classes.map(|mut classes| {
+                classes.truncate(gpu_count);
+                classes
+            }),
+            gpu_count,
+            bidders,
+            seed,
+        })
+}
+
+fn mixed_spec() -> impl Strategy<Value = Spec> {
+    spec(true)
+}
+
+fn finite_spec() -> impl Strategy<Value = Spec> {
+    spec(false)
+}
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Hand-checked examples
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn larger_log_improvement_wins_a_contested_gpu_and_pays_the_losers_loss() {
+    // a: 2 -> 1 on g0, gain ln 2 = 0.693. b: 3 -> 2 on g0, gain ln 1.5 = 0.405. a wins.
+    // c_a = v_b(nothing) / v_b(g0) = (1/3) / (1/2) = rho_b_entry / rho_b_old = 2/3.
+    let offer = plain_offer(&["g0"]);
+    let bids = [
+        bid("a", Some(2.0), &[(&["g0"], 1.0)]),
+        bid("b", Some(3.0), &[(&["g0"], 2.0)]),
+    ];
+    for seed in 0..20 {
+        let outcome = run(&offer, &bids, seed);
+        assert_eq!(outcome.pf[&app("a")], Some(0));
+        assert_eq!(outcome.pf[&app("b")], None);
+        assert_eq!(outcome.pf_gpus[&app("a")], gpus(&["g0"]));
+        assert!(outcome.pf_gpus[&app("b")].is_empty());
+        assert_close(outcome.c[&app("a")], 2.0 / 3.0, 1e-12, "c_a");
+        assert_eq!(outcome.c[&app("b")], 1.0);
+        // c * k = 2/3: a keeps g0 or nothing; the hidden payment goes to the leftovers.
+        let kept = &outcome.allocation[&app("a")];
+        assert!(kept == &gpus(&["g0"]) || kept.is_empty(), "{kept:?}");
+        assert!(outcome.allocation[&app("b")].is_empty());
+        assert_eq!(outcome.unallocated.len(), 1 - kept.len());
+        check_outcome(&offer, &bids, &outcome);
+    }
+}
+
+#[test]
+fn proportional_fairness_splits_two_gpus_rather_than_giving_both_to_one_bidder() {
+    // a (rho_old 1): {g0, g1} -> 0.3 (gain ln 3.33 = 1.204), {g0} -> 0.5 (gain ln 2 = 0.693).
+    // b (rho_old 1): {g1} -> 0.5 (gain ln 2).
+    // Both to a: 1.204. One each: 2 ln 2 = 1.386. PF splits, although the sum of valuations
+    // prefers giving a both (1/0.3 + 1 = 4.33 > 2 + 2 = 4).
+    // c_a = v_b(x*) / v_b(x*_{-a}) = 2 / 2 = 1 (b gets g1 with or without a).
+    // c_b = v_a(x*) / v_a(x*_{-b}) = (1/0.5) / (1/0.3) = 0.6.
+    let offer = plain_offer(&["g0", "g1"]);
+    let bids = [
+        bid("a", Some(1.0), &[(&["g0", "g1"], 0.3), (&["g0"], 0.5)]),
+        bid("b", Some(1.0), &[(&["g1"], 0.5)]),
+    ];
+    let outcome = run(&offer, &bids, 7);
+    assert_eq!(outcome.pf[&app("a")], Some(1));
+    assert_eq!(outcome.pf[&app("b")], Some(0));
+    assert_eq!(outcome.pf_gpus[&app("a")], gpus(&["g0"]));
+    assert_eq!(outcome.pf_gpus[&app("b")], gpus(&["g1"]));
+    assert_close(outcome.c[&app("a")], 1.0, 1e-12, "c_a");
+    assert_close(outcome.c[&app("b")], 0.6, 1e-12, "c_b");
+    assert_eq!(
+        outcome.allocation[&app("a")],
+        gpus(&["g0"]),
+        "c_a * 1 = 1: a keeps g0"
+    );
+    check_outcome(&offer, &bids, &outcome);
+}
+
+#[test]
+fn two_starving_bidders_for_one_gpu_exactly_one_keeps_it() {
+    // Both starving: each serves one starving bidder, so the second tier decides:
+    // ln(1/2) > ln(1/3), a wins. c_a = exp(W_b(x*) - W_b(y)) with y serving as many starving
+    // others as x* (none): W_b(y) = 0, so c_a = 1. A starving winner keeps at least one GPU.
+    let offer = plain_offer(&["g0"]);
+    let bids = [
+        bid("a", None, &[(&["g0"], 2.0)]),
+        bid("b", None, &[(&["g0"], 3.0)]),
+    ];
+    for seed in 0..20 {
+        let outcome = run(&offer, &bids, seed);
+        let keepers: Vec<&AppId> = outcome
+            .allocation
+            .iter()
+            .filter(|(_, kept)| !kept.is_empty())
+            .map(|(app, _)| app)
+            .collect();
+        assert_eq!(
+            keepers,
+            vec![&app("a")],
+            "exactly one starving bidder keeps the GPU"
+        );
+        assert_eq!(outcome.allocation[&app("a")], gpus(&["g0"]));
+        for share in outcome.c.values() {
+            assert!(*share > 0.0 && *share <= 1.0, "c = {share}");
+        }
+        assert_close(outcome.c[&app("a")], 1.0, 1e-12, "c_a");
+        assert!(
+            outcome.unallocated.is_empty(),
+            "nothing is unallocated: {:?}",
+            outcome.unallocated
+        );
+        check_outcome(&offer, &bids, &outcome);
+    }
+}
+
+#[test]
+fn starving_bidder_is_served_before_a_larger_improvement() {
+    // b holds GPUs and would gain ln(10 / 0.1) = 4.6 from g0; a is starving and would reach
+    // only rho 5 (ln(1/5) = -1.6). Serving the starving comes first: a wins.
+    // c_a = exp(0 - ln 100) = 0.01, so c_a * 1 < 1, but a starving winner keeps one GPU.
+    let offer = plain_offer(&["g0"]);
+    let bids = [
+        bid("a", None, &[(&["g0"], 5.0)]),
+        bid("b", Some(10.0), &[(&["g0"], 0.1)]),
+    ];
+    for seed in 0..50 {
+        let outcome = run(&offer, &bids, seed);
+        assert_eq!(outcome.pf[&app("a")], Some(0));
+        assert_eq!(outcome.pf[&app("b")], None);
+        assert_close(outcome.c[&app("a")], 0.01, 1e-12, "c_a");
+        assert_eq!(outcome.allocation[&app("a")], gpus(&["g0"]), "seed {seed}");
+        assert!(outcome.unallocated.is_empty());
+        check_outcome(&offer, &bids, &outcome);
+    }
+}
+
+#[test]
+fn starving_winner_pays_nothing_for_displacing_another_starving_bidder() {
+    // Both starving and both better off than rho 1: a reaches 0.5 (ln 2), b 0.8 (ln 1.25).
+    // One starving bidder is served either way, so a wins on the second tier.
+    // c_a compares b's welfare with and without a at the same number of starving bidders of
+    // O = {b} served: none in x*, so none in y, W_b(y) = 0 = W_b(x*) and c_a = 1 (b taking g0
+    // would change the tier, not the Nash welfare).
+    let offer = plain_offer(&["g0"]);
+    let bids = [
+        bid("a", None, &[(&["g0"], 0.5)]),
+        bid("b", None, &[(&["g0"], 0.8)]),
+    ];
+    let outcome = run(&offer, &bids, 5);
+    assert_eq!(outcome.pf[&app("a")], Some(0));
+    assert_eq!(outcome.pf[&app("b")], None);
+    assert_close(outcome.c[&app("a")], 1.0, 1e-12, "c_a");
+    assert_eq!(outcome.allocation[&app("a")], gpus(&["g0"]));
+    check_outcome(&offer, &bids, &outcome);
+}
+
+#[test]
+fn payment_without_a_bidder_keeps_the_starving_served() {
+    // g0, g1. a (rho_old 1): {g0} -> 0.5. b (starving): {g0} -> 4, {g1} -> 2.
+    // c (rho_old 1): {g1} -> 0.1.
+    // b must be served. b on g0 + c on g1: ln(1/4) + ln 10 = 0.916; b on g1 + a on g0:
+    // ln(1/2) + ln 2 = 0. PF: b gets g0 (entry 0), c gets g1, a nothing.
+    // c_c: without c, b must still be served: best is b on g1 + a on g0 (welfare 0), so
+    //   c_c = v_b(x*) / v_b(y) * v_a(x*) / v_a(y) = (1/4) / (1/2) * 1 / 2 = 0.25
+    //   (dropping the constraint would give a alone on g0 and c_c = 0.125).
+    // c_b: without b (no starving others), a on g0 + c on g1:
+    //   c_b = v_a(x*) / v_a(y) * v_c(x*) / v_c(y) = 1 / 2 * 1 = 0.5; b still keeps its GPU.
+    let offer = plain_offer(&["g0", "g1"]);
+    let bids = [
+        bid("a", Some(1.0), &[(&["g0"], 0.5)]),
+        bid("b", None, &[(&["g0"], 4.0), (&["g1"], 2.0)]),
+        bid("c", Some(1.0), &[(&["g1"], 0.1)]),
+    ];
+    for seed in 0..20 {
+        let outcome = run(&offer, &bids, seed);
+        assert_eq!(outcome.pf[&app("a")], None);
+        assert_eq!(outcome.pf[&app("b")], Some(0));
+        assert_eq!(outcome.pf[&app("c")], Some(0));
+        assert_close(outcome.c[&app("c")], 0.25, 1e-12, "c_c");
+        assert_close(outcome.c[&app("b")], 0.5, 1e-12, "c_b");
+        assert_eq!(
+            outcome.allocation[&app("b")],
+            gpus(&["g0"]),
+            "a starving winner keeps one GPU"
+        );
+        check_outcome(&offer, &bids, &outcome);
+    }
+}
+
+#[test]
+fn interchangeable_gpus_let_two_bidders_naming_the_same_gpu_both_win() {
+    // g0 and g1 are one class of two GPUs. Both bidders name g0, but a bundle is a per-class
+    // count, so both fit: a (first by id) gets g0, b gets the other GPU of the class, g1.
+    // No conflict, so nobody pays: c = 1 and both keep their GPU.
+    let offer = offer_with_classes(&[("g0", 7), ("g1", 7)]);
+    let bids = [
+        bid("b", Some(1.0), &[(&["g0"], 0.5)]),
+        bid("a", Some(1.0), &[(&["g0"], 0.5)]),
+    ];
+    let outcome = run(&offer, &bids, 3);
+    assert_eq!(outcome.pf[&app("a")], Some(0));
+    assert_eq!(outcome.pf[&app("b")], Some(0));
+    assert_eq!(outcome.pf_gpus[&app("a")], gpus(&["g0"]));
+    assert_eq!(outcome.pf_gpus[&app("b")], gpus(&["g1"]));
+    assert_eq!(outcome.c[&app("a")], 1.0);
+    assert_eq!(outcome.c[&app("b")], 1.0);
+    assert_eq!(outcome.allocation[&app("a")], gpus(&["g0"]));
+    assert_eq!(outcome.allocation[&app("b")], gpus(&["g1"]));
+    assert!(outcome.unallocated.is_empty());
+    check_outcome(&offer, &bids, &outcome);
+}
+
+#[test]
+fn interchangeable_gpus_still_conflict_beyond_the_class_capacity() {
+    // A class of two GPUs and three bidders wanting one each (rho_old 1): 0.5, 0.4, 0.2.
+    // PF serves the two largest gains, b (ln 2.5) and c (ln 5), and a loses.
+    // c_b = v_a(x*) / v_a(x*_{-b}) = 1 / 2 = 0.5; c_c = 1 / 2 = 0.5 likewise.
+    let offer = offer_with_classes(&[("g0", 1), ("g1", 1)]);
+    let bids = [
+        bid("a", Some(1.0), &[(&["g0"], 0.5)]),
+        bid("b", Some(1.0), &[(&["g0"], 0.4)]),
+        bid("c", Some(1.0), &[(&["g1"], 0.2)]),
+    ];
+    let outcome = run(&offer, &bids, 11);
+    assert_eq!(outcome.pf[&app("a")], None);
+    assert_eq!(outcome.pf[&app("b")], Some(0));
+    assert_eq!(outcome.pf[&app("c")], Some(0));
+    assert_close(outcome.c[&app("b")], 0.5, 1e-12, "c_b");
+    assert_close(outcome.c[&app("c")], 0.5, 1e-12, "c_c");
+    check_outcome(&offer, &bids, &outcome);
+}
+
+#[test]
+fn entries_that_do_not_improve_on_rho_old_are_never_chosen() {
+    // a's only entry (rho 2) is no better than what it holds (rho_old 2): it cannot win even
+    // though nobody else wants g0, so g0 stays unallocated.
+    let offer = plain_offer(&["g0"]);
+    let bids = [bid("a", Some(2.0), &[(&["g0"], 2.0)])];
+    let outcome = run(&offer, &bids, 0);
+    assert_eq!(outcome.pf[&app("a")], None);
+    assert_eq!(outcome.c[&app("a")], 1.0);
+    assert!(outcome.allocation[&app("a")].is_empty());
+    assert_eq!(outcome.unallocated, gpus(&["g0"]));
+}
+
+#[test]
+fn validation_errors_are_reported_with_their_variant() {
+    let offer = plain_offer(&["g0", "g1"]);
+
+    let duplicate_app = [
+        bid("a", Some(1.0), &[(&["g0"], 0.5)]),
+        bid("a", Some(2.0), &[(&["g1"], 0.5)]),
+    ];
+    assert_eq!(
+        run_auction(&offer, &duplicate_app, 0),
+        Err(AuctionError::DuplicateApp(app("a")))
+    );
+
+    let empty_bundle = [bid("a", Some(1.0), &[(&["g0"], 0.5), (&[], 0.4)])];
+    assert_eq!(
+        run_auction(&offer, &empty_bundle, 0),
+        Err(AuctionError::EmptyBundle {
+            app: app("a"),
+            entry: 1
+        })
+    );
+
+    let not_offered = [bid("a", Some(1.0), &[(&["g0", "g9"], 0.5)])];
+    assert_eq!(
+        run_auction(&offer, &not_offered, 0),
+        Err(AuctionError::GpuNotOffered {
+            app: app("a"),
+            entry: 0,
+            gpu: gpu("g9")
+        })
+    );
+
+    let duplicate_gpu = [bid(
+        "a",
+        Some(1.0),
+        &[(&["g1"], 0.9), (&["g0", "g1", "g0"], 0.5)],
+    )];
+    assert_eq!(
+        run_auction(&offer, &duplicate_gpu, 0),
+        Err(AuctionError::DuplicateGpuInBundle {
+            app: app("a"),
+            entry: 1,
+            gpu: gpu("g0")
+        })
+    );
+
+    let doubled_offer = plain_offer(&["g0", "g1", "g0"]);
+    let fine = [bid("a", Some(1.0), &[(&["g0"], 0.5)])];
+    assert_eq!(
+        run_auction(&doubled_offer, &fine, 0),
+        Err(AuctionError::DuplicateOfferedGpu(gpu("g0")))
+    );
+}
+
+#[test]
+fn validation_covers_entries_that_could_never_win() {
+    // rho 3 does not improve on rho_old 1, so the entry is never eligible; it is still checked.
+    let offer = plain_offer(&["g0"]);
+    let bids = [bid("a", Some(1.0), &[(&["g0"], 0.5), (&["g7"], 3.0)])];
+    assert_eq!(
+        run_auction(&offer, &bids, 0),
+        Err(AuctionError::GpuNotOffered {
+            app: app("a"),
+            entry: 1,
+            gpu: gpu("g7")
+        })
+    );
+}
+
+#[test]
+fn empty_auctions_allocate_nothing() {
+    let offer = plain_offer(&["g0", "g1"]);
+    let outcome = run(&offer, &[], 0);
+    assert!(outcome.pf.is_empty() && outcome.allocation.is_empty());
+    assert_eq!(outcome.unallocated, gpus(&["g0", "g1"]));
+
+    let bidders_without_tables = [bid("a", Some(1.0), &[]), bid("b", None, &[])];
+    let outcome = run(&offer, &bidders_without_tables, 0);
+    assert_eq!(outcome.pf[&app("a")], None);
+    assert_eq!(outcome.pf[&app("b")], None);
+    assert_eq!(outcome.unallocated, gpus(&["g0", "g1"]));
+}
+
+/// All orderings of `items`.
+fn permutations<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
+    if items.len() <= 1 {
+        return vec![items.to_vec()];
+    }
+    let mut all = Vec::new();
+    for (index, item) in items.iter().enumerate() {
+        let mut rest = items.to_vec();
+        rest.remove(index);
+        for mut tail in permutations(&rest) {
+            tail.insert(0, item.clone());
+            all.push(tail);
+        }
+    }
+    all
+}
+
+#[test]
+fn outcome_does_not_depend_on_the_order_of_bids() {
+    let offer = offer_with_classes(&[("g0", 0), ("g1", 0), ("g2", 1), ("g3", 2)]);
+    let bids = [
+        bid("d", None, &[(&["g3"], 4.0), (&["g2", "g3"], 2.0)]),
+        bid(
+            "a",
+            Some(3.0),
+            &[(&["g0", "g1"], 1.0), (&["g0", "g2"], 1.5)],
+        ),
+        bid(
+            "c",
+            Some(2.0),
+            &[(&["g2"], 1.2), (&["g1", "g2", "g3"], 0.7)],
+        ),
+        bid("b", Some(5.0), &[(&["g1"], 2.5), (&["g0", "g3"], 1.1)]),
+    ];
+    let reference = run(&offer, &bids, 42);
+    check_outcome(&offer, &bids, &reference);
+    for ordering in permutations(&bids) {
+        assert_eq!(
+            run(&offer, &ordering, 42),
+            reference,
+            "order {:?}",
+            ordering.iter().map(|b| &b.app).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+fn app_bid_json_null_rho_old_means_starving_and_round_trips() {
+    let json = r#"{"app":"a","rho_old":null,"bids":[{"gpus":["g0","g1"],"rho":0.5}]}"#;
+    let parsed: AppBid = serde_json::from_str(json).expect("valid bid");
+    assert_eq!(parsed, bid("a", None, &[(&["g0", "g1"], 0.5)]));
+    let written = serde_json::to_string(&parsed).expect("serialisable");
+    assert_eq!(written, json, "starving is written as an explicit null");
+    assert_eq!(
+        serde_json::from_str::<AppBid>(&written).expect("round trip"),
+        parsed
+    );
+
+    let holding = bid("b", Some(1.25), &[(&["g0"], 0.75), (&["g1"], 0.5)]);
+    let written = serde_json::to_string(&holding).expect("serialisable");
+    assert_eq!(
+        serde_json::from_str::<AppBid>(&written).expect("round trip"),
+        holding
+    );
+}
+
+#[test]
+fn app_bid_json_without_rho_old_is_rejected() {
+    let json = r#"{"app":"a","bids":[{"gpus":["g0"],"rho":0.5}]}"#;
+    assert!(
+        serde_json::from_str::<AppBid>(json).is_err(),
+        "a missing rho_old must not read as starving"
+    );
+}
+
+#[test]
+fn app_bid_json_with_invalid_rho_is_rejected() {
+    for json in [
+        r#"{"app":"a","rho_old":1.0,"bids":[{"gpus":["g0"],"rho":-1}]}"#,
+        r#"{"app":"a","rho_old":1.0,"bids":[{"gpus":["g0"],"rho":0}]}"#,
+        r#"{"app":"a","rho_old":-1,"bids":[{"gpus":["g0"],"rho":0.5}]}"#,
+        r#"{"app":"a","rho_old":1.0,"bids":[{"gpus":["g0"],"rho":0.5,"extra":1}]}"#,
+    ] {
+        assert!(
+            serde_json::from_str::<AppBid>(json).is_err(),
+            "accepted {json}"
+        );
+    }
+}
+
+#[test]
+fn envy_freeness_is_impossible_with_one_indivisible_gpu() {
+    // One GPU, two bidders who both want it. Every feasible choice either leaves the GPU idle
+    // (Pareto dominated) or gives it to one of them, and then the other prefers the winner's
+    // bundle to its own (nothing). The engine's outcome is of the second kind.
+    let offer = plain_offer(&["g0"]);
+    let bids = [
+        bid("a", Some(1.0), &[(&["g0"], 0.5)]),
+        bid("b", Some(1.0), &[(&["g0"], 0.6)]),
+    ];
+    let model = Model::new(&offer, &bids);
+    for choice in model.choices(false) {
+        let rhos: Vec<f64> = (0..2)
+            .map(|bidder| model.rho_under(bidder, choice[bidder]))
+            .collect();
+        let bundles: Vec<Vec<u32>> = (0..2)
+            .map(|bidder| model.bundle_counts(bidder, choice[bidder]))
+            .collect();
+        let envious = (0..2).any(|i| model.rho_of_bundle(i, &bundles[1 - i]) < rhos[i]);
+        let dominated = model.choices(false).iter().any(|other| {
+            let other_rhos: Vec<f64> = (0..2)
+                .map(|bidder| model.rho_under(bidder, other[bidder]))
+                .collect();
+            other_rhos.iter().zip(&rhos).all(|(o, r)| o <= r)
+                && other_rhos.iter().zip(&rhos).any(|(o, r)| o < r)
+        });
+        assert!(
+            envious || dominated,
+            "{choice:?} would be envy-free and efficient"
+        );
+    }
+    let outcome = run(&offer, &bids, 0);
+    assert_eq!(outcome.pf[&app("a")], Some(0), "ln 2 beats ln(1/0.6)");
+    assert_eq!(outcome.pf[&app("b")], None);
+    // b values a's bundle {g0} at 1/0.6 and its own (nothing) at 1/1.
+    let b_on_a_bundle = model.rho_of_bundle(1, &model.counts_of(&outcome.pf_gpus[&app("a")]));
+    assert!(
+        b_on_a_bundle < model.rho_under(1, None),
+        "the loser envies the winner"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Properties against the brute-force oracle
+// ---------------------------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn outcome_matches_the_brute_force_oracle(spec in mixed_spec()) {
+        let (offer, bids) = (spec.offer(), spec.bids());
+        let outcome = run(&offer, &bids, spec.seed);
+        check_outcome(&offer, &bids, &outcome);
+    }
+
+    #[test]
+    fn hidden_payments_match_the_oracle_when_nobody_starves(spec in finite_spec()) {
+        // check_outcome compares every share with exp(W(x*) - W(x*_{-i})) when all rho_old are
+        // finite; here every instance is of that kind.
+        let (offer, bids) = (spec.offer(), spec.bids());
+        let outcome = run(&offer, &bids, spec.seed);
+        check_outcome(&offer, &bids, &outcome);
+    }
+
+    #[test]
+    fn same_inputs_and_seed_give_identical_outcomes(spec in mixed_spec()) {
+        let (offer, mut bids) = (spec.offer(), spec.bids());
+        let first = run(&offer, &bids, spec.seed);
+        prop_assert_eq!(&run(&offer, &bids, spec.seed), &first);
+        bids.reverse();
+        prop_assert_eq!(&run(&offer, &bids, spec.seed), &first, "reversed bid order");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Mechanism properties
+// ---------------------------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// No feasible choice (over all entries, eligible or not) gives every bidder a rho at least
+    /// as good as the PF choice and one bidder a strictly better one.
+    #[test]
+    fn pf_choice_is_pareto_efficient(spec in finite_spec()) {
+        let (offer, bids) = (spec.offer(), spec.bids());
+        let model = Model::new(&offer, &bids);
+        let pf = model.choice_of(&run(&offer, &bids, spec.seed));
+        let pf_rhos: Vec<f64> = pf.iter().enumerate().map(|(bidder, entry)| model.rho_under(bidder, *entry)).collect();
+        for choice in model.choices(false) {
+            let rhos: Vec<f64> =
+                choice.iter().enumerate().map(|(bidder, entry)| model.rho_under(bidder, *entry)).collect();
+            let weakly_better = rhos.iter().zip(&pf_rhos).all(|(r, p)| r <= p);
+            let strictly_better = rhos.iter().zip(&pf_rhos).any(|(r, p)| r < p);
+            prop_assert!(
+                !(weakly_better && strictly_better),
+                "{:?} (rhos {:?}) Pareto-dominates the PF choice {:?} (rhos {:?})", choice, rhos, pf, pf_rhos
+            );
+        }
+    }
+
+    /// Figure 5 Instance 2: no i strictly prefers j's PF bundle while j weakly prefers i's (the
+    /// swap would be a Pareto improvement).
+    #[test]
+    fn pf_choice_leaves_no_pair_that_would_gain_by_swapping(spec in finite_spec()) {
+        let (offer, bids) = (spec.offer(), spec.bids());
+        let model = Model::new(&offer, &bids);
+        let pf = model.choice_of(&run(&offer, &bids, spec.seed));
+        let bundles: Vec<Vec<u32>> = pf.iter().enumerate().map(|(bidder, entry)| model.bundle_counts(bidder, *entry)).collect();
+        let own: Vec<f64> = (0..pf.len()).map(|bidder| model.rho_of_bundle(bidder, &bundles[bidder])).collect();
+        for i in 0..pf.len() {
+            for j in (0..pf.len()).filter(|&j| j != i) {
+                let i_prefers_j = model.rho_of_bundle(i, &bundles[j]) < own[i];
+                let j_accepts_i = model.rho_of_bundle(j, &bundles[i]) <= own[j];
+                prop_assert!(
+                    !(i_prefers_j && j_accepts_i),
+                    "bidders {} and {} would both gain by swapping PF bundles {:?} and {:?}", i, j, bundles[i], bundles[j]
+                );
+            }
+        }
+    }
+
+    /// Cole–Gkatzelis–Goel: u_i = c_i v_i(x*) = v_i(x*) prod_{j != i} v_j(x*) / D_{-i}, with D_{-i}
+    /// independent of i's report and x* maximising the numerator under a truthful report.
+    #[test]
+    fn misreporting_never_raises_true_utility(
+        spec in finite_spec(),
+        liar in any::<prop::sample::Index>(),
+        factors in prop::collection::vec(0.25f64..4.0, 4),
+        kept in prop::collection::vec(prop::bool::weighted(0.8), 4),
+        rho_old_factor in prop::option::of(0.25f64..4.0),
+    ) {
+        let (offer, truthful) = (spec.offer(), spec.bids());
+        let model = Model::new(&offer, &truthful);
+        let liar = liar.index(truthful.len());
+        let true_rho_old = model.bidders[liar].rho_old.expect("finite instance");
+
+        // True utility: c times the true valuation of the bundle won (its best true entry with
+        // the same per-class counts, which is at least the entry's own), or 1/rho_old.
+        let utility = |outcome: &AuctionOutcome| -> f64 {
+            let bundle = &outcome.pf_gpus[&truthful[liar].app];
+            if bundle.is_empty() {
+                return 1.0 / true_rho_old;
+            }
+            let counts = model.counts_of(bundle);
+            let true_rho = model.bidders[liar]
+                .entries
+                .iter()
+                .filter(|entry| entry.counts == counts)
+                .map(|entry| entry.rho)
+                .fold(f64::INFINITY, f64::min);
+            assert!(true_rho.is_finite(), "the bundle won matches no entry of the true table");
+            outcome.c[&truthful[liar].app] / true_rho
+        };
+        let honest = utility(&run(&offer, &truthful, spec.seed));
+
+        // The truthful utility is the oracle's maximum of v_i(x) * exp(W_{-i}(x) - W_{-i}(y)).
+        let best_without = model.best_without(liar, 0);
+        let optimum = model
+            .choices(true)
+            .iter()
+            .map(|choice| (model.welfare(choice, Some(liar)) - best_without).exp() / model.rho_under(liar, choice[liar]))
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert_close(honest, optimum, 1e-9, "truthful utility");
+
+        let mut lies = truthful.clone();
+        let lie = &mut lies[liar];
+        lie.rho_old = Some(rho(true_rho_old * rho_old_factor.unwrap_or(1.0)));
+        lie.bids = lie
+            .bids
+            .iter()
+            .zip(factors.iter().zip(&kept))
+            .filter(|(_, (_, keep))| **keep)
+            .map(|(entry, (factor, _))| BidEntry { gpus: entry.gpus.clone(), rho: rho(entry.rho.get() * factor) })
+            .collect();
+        let lying = utility(&run(&offer, &lies, spec.seed));
+        prop_assert!(
+            lying <= honest * (1.0 + 1e-9),
+            "bidder {} gains by misreporting: {} > {} (misreport {:?})", liar, lying, honest, lies[liar]
+        );
+    }
+}
+
+#[test]
+fn randomized_rounding_keeps_c_times_k_gpus_on_average() {
+    // a (rho_old 1): {g0, g1, g2} -> 0.5, gain ln 2. b (rho_old 1): {g0} -> 0.8, gain ln 1.25.
+    // a wins all three; c_a = v_b(nothing) / v_b(g0) = 0.8, so c * k = 2.4: a keeps 2 or 3.
+    let offer = plain_offer(&["g0", "g1", "g2"]);
+    let bids = [
+        bid("a", Some(1.0), &[(&["g0", "g1", "g2"], 0.5)]),
+        bid("b", Some(1.0), &[(&["g0"], 0.8)]),
+    ];
+    let seeds = 2000;
+    let mut total = 0;
+    for seed in 0..seeds {
+        let outcome = run(&offer, &bids, seed);
+        assert_close(outcome.c[&app("a")], 0.8, 1e-12, "c_a");
+        let kept = outcome.allocation[&app("a")].len();
+        assert!(kept == 2 || kept == 3, "seed {seed}: a keeps {kept}");
+        total += kept;
+    }
+    let mean = total as f64 / seeds as f64;
+    assert!(
+        (mean - 2.4).abs() <= 0.05,
+        "mean kept count {mean}, expected 2.4"
+    );
+}
