@@ -94,7 +94,9 @@ fn bench_scenario(c: &mut Criterion, spec: ScenarioSpec) {
                 let started = Instant::now();
                 let outcome = market.run_round(black_box(snapshot.now), black_box(seed));
                 let elapsed = started.elapsed();
-                let outcome = outcome.expect("free GPUs and bidders").expect("valid round");
+                let outcome = outcome
+                    .expect("free GPUs and bidders")
+                    .expect("valid round");
                 drop(black_box(outcome));
                 drop(market);
                 total += elapsed;
@@ -194,7 +196,11 @@ fn breakdown(scenario: &Scenario) -> String {
         let started = Instant::now();
         let auction = run_auction(&round.offer.offer, &bids, 7).expect("valid auction");
         let auction_alone = started.elapsed();
-        let winners = auction.allocation.values().filter(|gpus| !gpus.is_empty()).count();
+        let winners = auction
+            .allocation
+            .values()
+            .filter(|gpus| !gpus.is_empty())
+            .count();
         let paying = auction.c.values().filter(|&&share| share < 1.0).count();
 
         let started = Instant::now();

@@ -335,20 +335,32 @@ mod tests {
     #[test]
     fn demand_is_the_sum_over_running_jobs() {
         assert_eq!(halving(0, 0).current_demand(), 5);
-        let single = App { id: AppId::from("s"), kind: AppKind::SingleJob { job: job("j", 100, 4) } };
+        let single = App {
+            id: AppId::from("s"),
+            kind: AppKind::SingleJob {
+                job: job("j", 100, 4),
+            },
+        };
         assert_eq!(single.current_demand(), 0, "a finished job wants nothing");
         assert!(single.is_finished());
     }
 
     #[test]
     fn successive_halving_finishes_after_its_last_phase() {
-        assert!(!halving(0, 10).is_finished(), "phase 0 done, phase 1 still to run");
+        assert!(
+            !halving(0, 10).is_finished(),
+            "phase 0 done, phase 1 still to run"
+        );
         let mut app = halving(0, 10);
-        let AppKind::SuccessiveHalving(search) = &mut app.kind else { unreachable!() };
+        let AppKind::SuccessiveHalving(search) = &mut app.kind else {
+            unreachable!()
+        };
         search.advance_phase(&["b"]);
         assert_eq!(app.running_jobs().len(), 1);
         assert!(!app.is_finished());
-        let AppKind::SuccessiveHalving(search) = &mut app.kind else { unreachable!() };
+        let AppKind::SuccessiveHalving(search) = &mut app.kind else {
+            unreachable!()
+        };
         search.jobs[1].completed_iterations = 30;
         assert!(app.is_finished());
     }
@@ -357,13 +369,30 @@ mod tests {
     fn performance_curve_jobs_stop_at_their_prediction() {
         let curve = PerformanceCurve {
             jobs: vec![
-                CurveJob { job: job("a", 40, 1), predicted_final_iteration: 60 },
-                CurveJob { job: job("b", 40, 1), predicted_final_iteration: 40 },
-                CurveJob { job: job("c", 0, 1), predicted_final_iteration: 500 },
+                CurveJob {
+                    job: job("a", 40, 1),
+                    predicted_final_iteration: 60,
+                },
+                CurveJob {
+                    job: job("b", 40, 1),
+                    predicted_final_iteration: 40,
+                },
+                CurveJob {
+                    job: job("c", 0, 1),
+                    predicted_final_iteration: 500,
+                },
             ],
         };
-        let remaining: Vec<f64> = curve.jobs_remaining(1).iter().map(|job| job.iterations_remaining).collect();
-        assert_eq!(remaining, vec![20.0, 100.0], "b is done; c's prediction is capped at its total");
+        let remaining: Vec<f64> = curve
+            .jobs_remaining(1)
+            .iter()
+            .map(|job| job.iterations_remaining)
+            .collect();
+        assert_eq!(
+            remaining,
+            vec![20.0, 100.0],
+            "b is done; c's prediction is capped at its total"
+        );
         assert_eq!(curve.total_work_gpu_seconds(), 60.0 + 40.0 + 100.0);
     }
 

@@ -289,7 +289,13 @@ pub fn random_app(rng: &mut ChaCha8Rng, id: String) -> App {
         let jobs_per_phase: Vec<u32> = (0..phases).map(|p| jobs >> p).collect();
         let total: u64 = phase_iterations.iter().sum();
         let jobs: Vec<Job> = (0..jobs)
-            .map(|n| job(format!("{id}-j{n}"), total, serial * rng.random_range(0.85..1.15)))
+            .map(|n| {
+                job(
+                    format!("{id}-j{n}"),
+                    total,
+                    serial * rng.random_range(0.85..1.15),
+                )
+            })
             .collect();
         let mut serials: Vec<f64> = jobs.iter().map(|job| job.serial_iteration_time).collect();
         serials.sort_by(f64::total_cmp);
@@ -348,7 +354,10 @@ fn progress(market: &mut Market, seconds: f64, rng: &mut ChaCha8Rng) -> Vec<AppI
                     .filter(|job| !job.stopped && job.completed_iterations < phase_end)
                     .collect();
                 train(&mut running, &gpus, seconds, |_| phase_end);
-                if running.iter().all(|job| job.completed_iterations >= phase_end) {
+                if running
+                    .iter()
+                    .all(|job| job.completed_iterations >= phase_end)
+                {
                     advance(search, rng);
                 }
             }
@@ -416,7 +425,11 @@ fn free_a_quarter(market: &mut Market, now: Timestamp, rng: &mut ChaCha8Rng) {
         if free >= target {
             break;
         }
-        free += market.release_lease(lease, now).expect("active lease").gpus.len();
+        free += market
+            .release_lease(lease, now)
+            .expect("active lease")
+            .gpus
+            .len();
     }
 }
 

@@ -1,5 +1,6 @@
 //! The engine's integration tests, in one binary for link time.
 
+mod auction;
 mod bids;
 mod market;
 mod support;

@@ -1,4 +1,4 @@
-//! Integration tests of the partial-allocation auction (Themis §3.3.1).
+//! The partial-allocation auction (Themis §3.3.1).
 //!
 //! 1. Hand-checked examples with exact expected outcomes.
 //! 2. Property tests against a brute-force oracle ([`Model`]) that enumerates every choice of
@@ -15,7 +15,9 @@
 //! - the PF choice maximises, lexicographically, (starving bidders served, sum of gains) with
 //!   gain = ln(rho_old / rho) (ln(1 / rho) for the starving), 0 for nothing;
 //! - the hidden payment of a winner i is c_i = exp(W(x*) - W(y)), W the others' gains and y the
-//!   others' best choice without i serving as many starving others as x* does.
+//!   others' best choice without i serving as many starving others as x* does (compared with
+//!   the engine only when nobody starves: the engine holds that count per conflict component,
+//!   see docs/mechanism.md §4).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -568,8 +570,13 @@ impl Spec {
     }
 }
 
+/// A rho in [0.1, 10]; one time in four from a few round values, so that ties between entries
+/// and entries exactly at rho_old (not eligible) occur.
 fn rho_value() -> impl Strategy<Value = f64> {
-    0.1f64..10.0
+    prop_oneof![
+        3 => 0.1f64..10.0,
+        1 => prop::sample::select(vec![0.25, 0.5, 1.0, 2.0, 4.0]),
+    ]
 }
 
 /// A bidder; with `may_starve`, rho_old is `None` (starving) with probability 0.3.
@@ -1223,7 +1230,7 @@ fn randomized_rounding_keeps_c_times_k_gpus_on_average() {
     }
     let mean = total as f64 / seeds as f64;
     assert!(
-        (mean - 2.4).abs() <= 0.05,
+        (mean - 2.4).abs() <= 0.035,
         "mean kept count {mean}, expected 2.4"
     );
 }
