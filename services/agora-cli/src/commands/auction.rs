@@ -1,0 +1,207 @@
+//! `agora auction solve [FILE|-]`: runs one partial-allocation auction on a JSON instance and
+//! prints its outcome as JSON.
+
+use std::fmt;
+use std::io::{self, IsTerminal, Read, Write};
+use std::path::PathBuf;
+
+use agora_market::auction::{run_auction, AppBid, AuctionError, AuctionOutcome, Offer};
+use agora_market::topology::GpuId;
+use clap::{Args, Subcommand};
+use serde::Deserialize;
+
+use super::{EXIT_FAILURE, EXIT_INVALID_INPUT};
+
+#[derive(Debug, Subcommand)]
+pub enum AuctionCommand {
+    /// Solve one auction instance and print its outcome as JSON.
+    ///
+    /// Reads {"gpus": [...], "apps": [...], "seed": N} from FILE, or from standard input when
+    /// FILE is `-` or absent; `seed` is optional and defaults to 0. Prints {"pf", "pf_gpus",
+    /// "c", "allocation", "unallocated"} on standard output. Invalid input prints one
+    /// `error: ...` line on standard error and exits with code 2. README.md documents both
+    /// formats.
+    Solve(SolveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SolveArgs {
+    /// The auction instance as JSON; `-` or nothing reads standard input.
+    #[arg(value_name = "FILE|-")]
+    input: Option<PathBuf>,
+}
+
+impl AuctionCommand {
+    pub fn run(self) -> Result<(), SolveError> {
+        match self {
+            Self::Solve(args) => solve(&args),
+        }
+    }
+}
+
+/// An auction instance as the command reads it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuctionInstance {
+    /// The offered GPUs. Without topology, each is its own slot, machine, rack and class.
+    gpus: Vec<GpuId>,
+    apps: Vec<AppBid>,
+    /// Seeds the random rounding of fractional GPU shares; the same instance and seed always
+    /// give the same outcome.
+    #[serde(default)]
+    seed: u64,
+}
+
+/// Where the instance comes from, for reading it and for naming it in errors.
+#[derive(Debug, Clone)]
+pub enum Source {
+    Stdin,
+    File(PathBuf),
+}
+
+impl Source {
+    fn from_arg(input: Option<&PathBuf>) -> Self {
+        match input {
+            Some(path) if path.as_os_str() != "-" => Self::File(path.clone()),
+            _ => Self::Stdin,
+        }
+    }
+
+    fn read(&self) -> io::Result<Vec<u8>> {
+        match self {
+            Self::Stdin => {
+                let mut bytes = Vec::new();
+                io::stdin().lock().read_to_end(&mut bytes)?;
+                Ok(bytes)
+            }
+            Self::File(path) => std::fs::read(path),
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Stdin => f.write_str("<stdin>"),
+            Self::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// What can go wrong in `agora auction solve`. Each message names the input; the cause (which
+/// carries the line and column, or the app and bid entry) follows it as the error's source.
+#[derive(Debug, thiserror::Error)]
+pub enum SolveError {
+    #[error("no input: give a FILE, or pipe the instance into standard input (`-`)")]
+    NoInput,
+    #[error("{source_name}: the input is empty; expected an auction instance (JSON)")]
+    Empty { source_name: Source },
+    #[error("cannot read {source_name}")]
+    Read {
+        source_name: Source,
+        #[source]
+        cause: io::Error,
+    },
+    /// Not JSON at all (syntax error, truncated input, NaN, ...).
+    #[error("{source_name}: invalid JSON")]
+    Syntax {
+        source_name: Source,
+        #[source]
+        cause: serde_json::Error,
+    },
+    /// JSON that is not an auction instance (wrong or missing field, rho <= 0, ...).
+    #[error("{source_name}: invalid auction instance")]
+    Instance {
+        source_name: Source,
+        #[source]
+        cause: serde_json::Error,
+    },
+    /// A well-formed instance that the engine rejects (unknown GPU in a bundle, duplicate
+    /// app, ...).
+    #[error("{source_name}: invalid auction")]
+    Auction {
+        source_name: Source,
+        #[source]
+        cause: AuctionError,
+    },
+    /// The engine could not solve a valid instance.
+    #[error("{source_name}: the auction could not be solved")]
+    Solver {
+        source_name: Source,
+        #[source]
+        cause: AuctionError,
+    },
+    #[error("cannot write the outcome")]
+    Write(#[source] io::Error),
+}
+
+impl SolveError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::NoInput
+            | Self::Read { .. }
+            | Self::Empty { .. }
+            | Self::Syntax { .. }
+            | Self::Instance { .. }
+            | Self::Auction { .. } => EXIT_INVALID_INPUT,
+            Self::Solver { .. } | Self::Write(_) => EXIT_FAILURE,
+        }
+    }
+}
+
+fn solve(args: &SolveArgs) -> Result<(), SolveError> {
+    let source = Source::from_arg(args.input.as_ref());
+    if args.input.is_none() && io::stdin().is_terminal() {
+        return Err(SolveError::NoInput);
+    }
+    let instance = read_instance(&source)?;
+    let outcome = solve_instance(&instance).map_err(|cause| match cause {
+        AuctionError::Solver { .. } => SolveError::Solver {
+            source_name: source.clone(),
+            cause,
+        },
+        _ => SolveError::Auction {
+            source_name: source.clone(),
+            cause,
+        },
+    })?;
+    write_outcome(&outcome)
+}
+
+fn read_instance(source: &Source) -> Result<AuctionInstance, SolveError> {
+    let bytes = source.read().map_err(|cause| SolveError::Read {
+        source_name: source.clone(),
+        cause,
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(SolveError::Empty {
+            source_name: source.clone(),
+        });
+    }
+    serde_json::from_slice(&bytes).map_err(|cause| {
+        let source_name = source.clone();
+        if cause.is_data() {
+            SolveError::Instance { source_name, cause }
+        } else {
+            SolveError::Syntax { source_name, cause }
+        }
+    })
+}
+
+fn solve_instance(instance: &AuctionInstance) -> Result<AuctionOutcome, AuctionError> {
+    let offer = Offer::without_topology(instance.gpus.iter().cloned());
+    run_auction(&offer, &instance.apps, instance.seed)
+}
+
+fn write_outcome(outcome: &AuctionOutcome) -> Result<(), SolveError> {
+    let mut stdout = io::stdout().lock();
+    let written = serde_json::to_writer_pretty(&mut stdout, outcome)
+        .map_err(io::Error::from)
+        .and_then(|()| writeln!(stdout))
+        .and_then(|()| stdout.flush());
+    match written {
+        // A reader that stops early (`agora ... | head`) is not an error.
+        Err(error) if error.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.map_err(SolveError::Write),
+    }
+}

@@ -1,0 +1,46 @@
+//! The command tree. A new command (`agora simulate`, `agora serve`, ...) is a new module here
+//! plus one variant of [`Command`].
+
+pub mod auction;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code of a run that failed because of its input (unreadable or invalid), the same code
+/// clap uses for command-line usage errors.
+pub const EXIT_INVALID_INPUT: u8 = 2;
+
+/// Exit code of any other failure.
+pub const EXIT_FAILURE: u8 = 1;
+
+/// Agora: a fair GPU marketplace (Themis finish-time fairness, partial-allocation auction).
+#[derive(Debug, Parser)]
+#[command(name = "agora", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the partial-allocation auction.
+    #[command(subcommand)]
+    Auction(auction::AuctionCommand),
+}
+
+impl Cli {
+    pub fn run(self) -> anyhow::Result<()> {
+        match self.command {
+            Command::Auction(command) => command.run()?,
+        }
+        Ok(())
+    }
+}
+
+/// The exit code for a failed command: [`EXIT_INVALID_INPUT`] when its input was at fault,
+/// [`EXIT_FAILURE`] otherwise.
+pub fn exit_code(error: &anyhow::Error) -> u8 {
+    if let Some(error) = error.downcast_ref::<auction::SolveError>() {
+        return error.exit_code();
+    }
+    EXIT_FAILURE
+}
