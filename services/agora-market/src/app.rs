@@ -286,6 +286,32 @@ impl App {
         }
     }
 
+    /// GPU-seconds of work still to do (no slowdown): the running jobs' remaining iterations and,
+    /// for successive halving, the phases still to come.
+    pub fn remaining_work_gpu_seconds(&self) -> f64 {
+        let work = |jobs: Vec<JobInfo>| -> f64 {
+            jobs.iter()
+                .map(|job| job.iterations_remaining * job.serial_iteration_time)
+                .sum()
+        };
+        match &self.kind {
+            AppKind::SuccessiveHalving(search) => (search.current_phase()..search.num_phases())
+                .map(|phase| work(search.jobs_in_phase(phase, 0)))
+                .sum(),
+            _ => work(self.running_jobs()),
+        }
+    }
+
+    /// GPU-seconds of work of the whole app (no slowdown): the budget B of a successive-halving
+    /// search, every job's work up to its (predicted) end otherwise.
+    pub fn total_work_gpu_seconds(&self) -> f64 {
+        match &self.kind {
+            AppKind::SingleJob { job } => job.total_iterations as f64 * job.serial_iteration_time,
+            AppKind::SuccessiveHalving(search) => search.budget_gpu_seconds(),
+            AppKind::PerformanceCurve(search) => search.total_work_gpu_seconds(),
+        }
+    }
+
     /// The most GPUs the app can use right now: the sum of its running jobs' demands.
     pub fn current_demand(&self) -> u32 {
         self.running_jobs().iter().map(|job| job.max_gpus).sum()

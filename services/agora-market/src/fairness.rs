@@ -49,28 +49,20 @@ pub fn remaining_time(app: &App, gpus: &[GpuLocation]) -> f64 {
 
 /// T_cluster: the app alone on the whole cluster, linear speed-up up to its demand, no slowdown.
 pub fn ideal_cluster_time(app: &App, cluster_gpus: u32) -> f64 {
-    let usable = |demand: u32| f64::from(demand.min(cluster_gpus).max(1));
-    match &app.kind {
-        AppKind::SingleJob { job } => {
-            job.total_iterations as f64 * job.serial_iteration_time / usable(job.max_gpus)
-        }
-        AppKind::SuccessiveHalving(search) => {
-            let peak_demand = (0..search.num_phases())
-                .map(|phase| total_demand(&search.jobs_in_phase(phase, cluster_gpus)))
-                .max()
-                .unwrap_or(1);
-            search.budget_gpu_seconds() / usable(peak_demand)
-        }
-        AppKind::PerformanceCurve(search) => {
-            let demand = search
-                .jobs
-                .iter()
-                .filter(|curve| !curve.job.stopped)
-                .map(|curve| curve.job.max_gpus)
-                .sum();
-            search.total_work_gpu_seconds() / usable(demand)
-        }
-    }
+    let demand = match &app.kind {
+        AppKind::SingleJob { job } => job.max_gpus,
+        AppKind::SuccessiveHalving(search) => (0..search.num_phases())
+            .map(|phase| total_demand(&search.jobs_in_phase(phase, cluster_gpus)))
+            .max()
+            .unwrap_or(1),
+        AppKind::PerformanceCurve(search) => search
+            .jobs
+            .iter()
+            .filter(|curve| !curve.job.stopped)
+            .map(|curve| curve.job.max_gpus)
+            .sum(),
+    };
+    app.total_work_gpu_seconds() / f64::from(demand.min(cluster_gpus).max(1))
 }
 
 fn total_demand(jobs: &[JobInfo]) -> u32 {

@@ -10,11 +10,13 @@
 
 pub mod app;
 pub mod auction;
+pub mod baselines;
 pub mod bids;
 pub mod fairness;
 pub mod lease;
 pub mod leftover;
 pub mod market;
+pub mod policy;
 pub mod rho;
 pub mod time;
 pub mod topology;

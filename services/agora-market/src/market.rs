@@ -18,10 +18,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::{App, AppId};
 use crate::auction::{run_auction, AppBid, AuctionError, AuctionOutcome, Offer, OfferedGpu};
+use crate::baselines::{self, Contender, RoundView};
 use crate::bids::{generate_bid, BidConfig, PreparedOffer};
 use crate::fairness::{rho, ContentionTracker, FairnessContext};
 use crate::lease::{Lease, LeaseBook, LeaseError, LeaseId};
 use crate::leftover::{hand_out_at_random, hand_out_in_order, LeftoverPolicy, Recipient};
+use crate::policy::Policy;
 use crate::rho::{rho_old_sort_key, RhoOld};
 use crate::time::Timestamp;
 use crate::topology::{Cluster, GpuId, GpuIndex, GpuLocation};
@@ -35,6 +37,9 @@ pub struct MarketConfig {
     pub lease_length: Duration,
     pub bids: BidConfig,
     pub leftover_policy: LeftoverPolicy,
+    /// Themis, or a baseline to compare it with.
+    #[serde(default)]
+    pub policy: Policy,
 }
 
 impl Default for MarketConfig {
@@ -44,6 +49,7 @@ impl Default for MarketConfig {
             lease_length: Duration::from_secs(600),
             bids: BidConfig::default(),
             leftover_policy: LeftoverPolicy::default(),
+            policy: Policy::default(),
         }
     }
 }
@@ -87,6 +93,8 @@ struct Participant {
     app: App,
     arrival: Timestamp,
     contention_at_arrival: f64,
+    /// GPU-seconds of the app's leases that have ended.
+    ended_gpu_seconds: f64,
 }
 
 /// The engine's state: the cluster, the active apps and the leases.
@@ -125,13 +133,21 @@ pub struct RoundOutcome {
     pub now: Timestamp,
     pub seed: u64,
     pub offer: Offer,
+    pub policy: Policy,
     pub standings: Vec<Standing>,
-    pub bids: Vec<AppBid>,
-    pub auction: AuctionOutcome,
+    /// The bids and the auction's decision; `None` under a baseline policy.
+    pub auction: Option<AuctionRecord>,
     /// GPUs handed out after the auction, by the leftover policy and then to any app with
     /// unmet demand so that no offered GPU stays idle.
     pub leftover_grants: BTreeMap<AppId, Vec<GpuId>>,
+    /// Every allocation of the round, as leases.
     pub leases: Vec<Lease>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuctionRecord {
+    pub bids: Vec<AppBid>,
+    pub outcome: AuctionOutcome,
 }
 
 impl Market {
@@ -195,6 +211,7 @@ impl Market {
             app,
             arrival: now,
             contention_at_arrival,
+            ended_gpu_seconds: 0.0,
         };
         self.participants
             .insert(participant.app.id.clone(), participant);
@@ -216,11 +233,15 @@ impl Market {
     }
 
     pub fn expire_leases(&mut self, now: Timestamp) -> Vec<Lease> {
-        self.leases.expire_due(now)
+        let expired = self.leases.expire_due(now);
+        self.credit_ended(&expired);
+        expired
     }
 
     pub fn release_lease(&mut self, id: LeaseId, now: Timestamp) -> Result<Lease, MarketError> {
-        Ok(self.leases.release(id, now)?)
+        let released = self.leases.release(id, now)?;
+        self.credit_ended(std::slice::from_ref(&released));
+        Ok(released)
     }
 
     /// Marks a GPU healthy or not. Losing a GPU revokes the lease holding it.
@@ -235,7 +256,9 @@ impl Market {
             return None;
         }
         self.unhealthy.insert(gpu);
-        self.leases.revoke_gpu(gpu, now)
+        let revoked = self.leases.revoke_gpu(gpu, now)?;
+        self.credit_ended(std::slice::from_ref(&revoked));
+        Some(revoked)
     }
 
     /// Healthy GPUs that no active lease holds.
@@ -388,20 +411,28 @@ impl Market {
             now: round.now,
             seed,
             offer: round.offer.offer,
+            policy: Policy::Themis,
             standings: round.standings,
-            bids,
-            auction,
+            auction: Some(AuctionRecord {
+                bids,
+                outcome: auction,
+            }),
             leftover_grants,
             leases,
         })
     }
 
-    /// Opens a round, lets the engine's agent bid for every bidder, and closes it.
+    /// Runs a whole round under the configured policy: for Themis, opens it, lets the engine's
+    /// agent bid for every bidder and closes it; for a baseline, hands the free GPUs out by the
+    /// baseline's metric. `None` when there is nothing to offer or nobody wants it.
     pub fn run_round(
         &mut self,
         now: Timestamp,
         seed: u64,
     ) -> Option<Result<RoundOutcome, MarketError>> {
+        if self.config.policy != Policy::Themis {
+            return self.run_baseline_round(now, seed);
+        }
         let round = self.open_round(now)?;
         let bids: Result<Vec<AppBid>, MarketError> = round
             .bidders
@@ -409,6 +440,80 @@ impl Market {
             .map(|app| self.agent_bid(&round, app))
             .collect();
         Some(bids.and_then(|bids| self.close_round(round, bids, seed)))
+    }
+
+    fn run_baseline_round(
+        &mut self,
+        now: Timestamp,
+        seed: u64,
+    ) -> Option<Result<RoundOutcome, MarketError>> {
+        let free = self.free_gpus();
+        let standings = self.standings(now);
+        if free.is_empty() || standings.iter().all(|standing| standing.unmet_demand == 0) {
+            return None;
+        }
+        let offer = Offer::from_cluster(&self.cluster, &free);
+        let contenders = standings
+            .iter()
+            .filter(|standing| standing.unmet_demand > 0)
+            .map(|standing| {
+                let participant = &self.participants[&standing.app];
+                Contender {
+                    app: &participant.app,
+                    holds: self.held_locations(&standing.app),
+                    unmet_demand: standing.unmet_demand,
+                    attained_gpu_seconds: self.attained_gpu_seconds(participant, now),
+                    fairness: self.fairness_context(participant, now),
+                    rho: standing.rho,
+                    lease_seconds: self.config.lease_length.as_secs_f64(),
+                }
+            })
+            .collect();
+        let view = RoundView {
+            now,
+            free: &offer.gpus,
+            contenders,
+        };
+        let granted = baselines::allocate(self.config.policy, &view);
+        let offered = free
+            .iter()
+            .map(|&gpu| (self.cluster.gpu(gpu).id.clone(), gpu))
+            .collect();
+        Some(
+            self.grant_leases(&granted, &offered, now)
+                .map(|leases| RoundOutcome {
+                    now,
+                    seed,
+                    offer,
+                    policy: self.config.policy,
+                    standings,
+                    auction: None,
+                    leftover_grants: BTreeMap::new(),
+                    leases,
+                }),
+        )
+    }
+
+    /// GPU-seconds the app has held: ended leases plus the running part of active ones.
+    fn attained_gpu_seconds(&self, participant: &Participant, now: Timestamp) -> f64 {
+        let running: f64 = self
+            .leases
+            .leases_of(&participant.app.id)
+            .map(|lease| lease.gpus.len() as f64 * now.saturating_since(lease.start).as_secs_f64())
+            .sum();
+        participant.ended_gpu_seconds + running
+    }
+
+    /// Books the GPU time of leases that just ended to their apps.
+    fn credit_ended(&mut self, ended: &[Lease]) {
+        for lease in ended {
+            if let (Some(participant), Some(ended_at)) =
+                (self.participants.get_mut(&lease.app), lease.ended_at)
+            {
+                participant.ended_gpu_seconds +=
+                    lease.gpus.len() as f64 * ended_at.saturating_since(lease.start).as_secs_f64();
+            }
+        }
     }
 
     /// Maps the offer back to cluster GPUs, checking they are all still free.

@@ -1,6 +1,7 @@
 //! The engine's integration tests, in one binary for link time.
 
 mod auction;
+mod baselines;
 mod bids;
 mod market;
 mod support;

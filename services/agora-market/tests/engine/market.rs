@@ -6,7 +6,7 @@ use std::time::Duration;
 use agora_market::app::{App, AppId};
 use agora_market::lease::LeaseState;
 use agora_market::leftover::LeftoverPolicy;
-use agora_market::market::{Market, MarketConfig, MarketError};
+use agora_market::market::{AuctionRecord, Market, MarketConfig, MarketError, RoundOutcome};
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, GpuIndex, Locality};
 use proptest::prelude::*;
@@ -22,6 +22,13 @@ fn market(cluster: Cluster, fairness_knob: f64) -> Market {
         ..MarketConfig::default()
     };
     Market::new(cluster, config, Timestamp(0)).expect("valid config")
+}
+
+fn auction(outcome: &RoundOutcome) -> &AuctionRecord {
+    outcome
+        .auction
+        .as_ref()
+        .expect("a themis round runs an auction")
 }
 
 fn held(market: &Market, app: &str) -> Vec<GpuIndex> {
@@ -52,7 +59,12 @@ fn two_starving_apps_each_get_a_whole_machine() {
         "both start starving"
     );
     assert_eq!(
-        outcome.auction.c.values().copied().collect::<Vec<_>>(),
+        auction(&outcome)
+            .outcome
+            .c
+            .values()
+            .copied()
+            .collect::<Vec<_>>(),
         vec![1.0, 1.0]
     );
     for app in ["a", "b"] {
@@ -86,14 +98,17 @@ fn only_the_worst_apps_bid_and_leftovers_go_to_the_others() {
         .expect("something to offer")
         .expect("valid round");
     assert_eq!(
-        outcome
+        auction(&outcome)
             .bids
             .iter()
             .map(|bid| bid.app.clone())
             .collect::<Vec<_>>(),
         vec![AppId::from("a")]
     );
-    assert_eq!(outcome.auction.allocation[&AppId::from("a")].len(), 1);
+    assert_eq!(
+        auction(&outcome).outcome.allocation[&AppId::from("a")].len(),
+        1
+    );
     assert_eq!(outcome.leftover_grants.len(), 3);
     assert!(outcome
         .leftover_grants

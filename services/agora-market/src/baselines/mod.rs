@@ -1,0 +1,50 @@
+//! The baseline policies of Themis §6.1. Each sees the same round as Themis (the free GPUs and
+//! every active app with unmet demand) and hands the free GPUs out greedily by its own metric,
+//! taking best-placed GPUs near what each app holds.
+
+mod greedy;
+
+use crate::app::{App, AppId};
+use crate::auction::OfferedGpu;
+use crate::fairness::FairnessContext;
+use crate::policy::Policy;
+use crate::rho::RhoOld;
+use crate::time::Timestamp;
+use crate::topology::{GpuId, GpuLocation};
+use std::collections::BTreeMap;
+
+/// An app as a baseline sees it in a round.
+#[derive(Debug, Clone)]
+pub struct Contender<'a> {
+    pub app: &'a App,
+    pub holds: Vec<GpuLocation>,
+    pub unmet_demand: usize,
+    /// GPU-seconds the app has held so far (ended and running leases).
+    pub attained_gpu_seconds: f64,
+    pub fairness: FairnessContext,
+    pub rho: RhoOld,
+    /// The round's lease length, in seconds: how far ahead greedy metrics look.
+    pub lease_seconds: f64,
+}
+
+/// What a baseline decides from.
+#[derive(Debug, Clone)]
+pub struct RoundView<'a> {
+    pub now: Timestamp,
+    pub free: &'a [OfferedGpu],
+    /// Apps with unmet demand, in app-id order.
+    pub contenders: Vec<Contender<'a>>,
+}
+
+/// The GPUs each app gets under `policy` (any policy but Themis, which runs the auction).
+pub fn allocate(policy: Policy, view: &RoundView) -> BTreeMap<AppId, Vec<GpuId>> {
+    match policy {
+        Policy::Themis => BTreeMap::new(),
+        Policy::Gandiva => greedy::by_bundle(view, greedy::placement_sensitivity),
+        Policy::Tiresias => greedy::by_bundle(view, |contender| -contender.attained_gpu_seconds),
+        Policy::Srtf => greedy::by_bundle(view, greedy::negative_remaining_time_with_demand),
+        Policy::Srsf => greedy::by_bundle(view, greedy::negative_remaining_service),
+        Policy::Optimus => greedy::one_gpu_at_a_time(view, greedy::throughput_scaling),
+        Policy::Slaq => greedy::one_gpu_at_a_time(view, greedy::loss_reduction),
+    }
+}

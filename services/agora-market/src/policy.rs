@@ -1,0 +1,96 @@
+//! Which policy decides a round: Themis's auction, or one of the baselines the paper compares
+//! against (§6.1). Every policy allocates through the same rounds and leases.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// The partial-allocation auction among the worst (1 - f) apps by rho.
+    #[default]
+    Themis,
+    /// Ideal efficiency: the most placement-sensitive apps first, best-placed GPUs.
+    Gandiva,
+    /// Ideal fairness in service: least attained GPU service first (LAS).
+    Tiresias,
+    /// Ideal throughput: one GPU at a time to the app whose throughput grows most from it.
+    Optimus,
+    /// Ideal model quality: one GPU at a time to the app whose loss drops most from it.
+    Slaq,
+    /// Shortest remaining time first.
+    Srtf,
+    /// Shortest remaining service (GPU-time) first.
+    Srsf,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 7] = [
+        Policy::Themis,
+        Policy::Gandiva,
+        Policy::Tiresias,
+        Policy::Optimus,
+        Policy::Slaq,
+        Policy::Srtf,
+        Policy::Srsf,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Themis => "themis",
+            Policy::Gandiva => "gandiva",
+            Policy::Tiresias => "tiresias",
+            Policy::Optimus => "optimus",
+            Policy::Slaq => "slaq",
+            Policy::Srtf => "srtf",
+            Policy::Srsf => "srsf",
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown policy {given:?}; choose one of {known}")]
+pub struct UnknownPolicy {
+    pub given: String,
+    pub known: String,
+}
+
+impl FromStr for Policy {
+    type Err = UnknownPolicy;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Policy::ALL
+            .into_iter()
+            .find(|policy| policy.name() == name)
+            .ok_or_else(|| UnknownPolicy {
+                given: name.to_owned(),
+                known: Policy::ALL.map(Policy::name).join(", "),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_names_list_the_choices() {
+        for policy in Policy::ALL {
+            assert_eq!(policy.name().parse::<Policy>(), Ok(policy));
+            let json = serde_json::to_string(&policy).expect("serialisable");
+            assert_eq!(json, format!("\"{}\"", policy.name()));
+        }
+        let error = "fifo".parse::<Policy>().expect_err("not a policy");
+        assert!(error.to_string().contains("themis, gandiva"), "{error}");
+    }
+}

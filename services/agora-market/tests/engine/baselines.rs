@@ -1,0 +1,208 @@
+//! The §6.1 baselines on tiny clusters where each policy's metric decides who gets what.
+
+use std::time::Duration;
+
+use agora_market::app::{AppId, AppKind, PlacementSlowdown};
+use agora_market::market::{Market, MarketConfig};
+use agora_market::policy::Policy;
+use agora_market::time::Timestamp;
+use agora_market::topology::{Cluster, ClusterSpec, Locality, MachineSpec, RackSpec, SlotSpec};
+
+use crate::support::{single_job_app, uniform_cluster};
+
+fn market(cluster: Cluster, policy: Policy) -> Market {
+    let config = MarketConfig {
+        policy,
+        lease_length: Duration::from_secs(600),
+        ..MarketConfig::default()
+    };
+    Market::new(cluster, config, Timestamp(0)).expect("valid config")
+}
+
+/// Number of GPUs each app holds, in app-id order.
+fn holdings(market: &Market) -> Vec<(String, usize)> {
+    market
+        .apps()
+        .map(|app| {
+            (
+                app.id.0.clone(),
+                market
+                    .leases()
+                    .leases_of(&app.id)
+                    .map(|lease| lease.gpus.len())
+                    .sum(),
+            )
+        })
+        .collect()
+}
+
+fn run(market: &mut Market, now: Timestamp) {
+    let outcome = market
+        .run_round(now, 7)
+        .expect("something to offer")
+        .expect("valid round");
+    assert!(outcome.auction.is_none(), "baselines run no auction");
+}
+
+fn owned(pairs: &[(&str, usize)]) -> Vec<(String, usize)> {
+    pairs
+        .iter()
+        .map(|&(app, count)| (app.to_owned(), count))
+        .collect()
+}
+
+#[test]
+fn tiresias_serves_the_least_attained_service_first() {
+    let mut market = market(uniform_cluster(1, 2, 1, 2), Policy::Tiresias);
+    market
+        .add_app(single_job_app("a", 2, 10_000, 1.0), Timestamp(0))
+        .expect("new app");
+    run(&mut market, Timestamp(0));
+    let lease = market
+        .leases()
+        .leases_of(&AppId::from("a"))
+        .next()
+        .expect("a holds GPUs")
+        .id;
+    market
+        .release_lease(lease, Timestamp(100_000))
+        .expect("active");
+    // a has attained 2 GPUs x 100 s; b and c nothing: they go first.
+    for app in ["b", "c"] {
+        market
+            .add_app(single_job_app(app, 2, 10_000, 1.0), Timestamp(100_000))
+            .expect("new app");
+    }
+    run(&mut market, Timestamp(100_000));
+    assert_eq!(holdings(&market), owned(&[("a", 0), ("b", 2), ("c", 2)]));
+}
+
+/// a needs 400 s on its 4 GPUs but 1600 GPU-seconds; b needs 500 s on 1 GPU, 500 GPU-seconds.
+fn time_versus_service(policy: Policy) -> Market {
+    let mut market = market(uniform_cluster(1, 1, 1, 4), policy);
+    market
+        .add_app(single_job_app("a", 4, 400, 4.0), Timestamp(0))
+        .expect("new app");
+    market
+        .add_app(single_job_app("b", 1, 500, 1.0), Timestamp(0))
+        .expect("new app");
+    market
+}
+
+#[test]
+fn srtf_serves_the_shortest_remaining_time_first() {
+    let mut market = time_versus_service(Policy::Srtf);
+    run(&mut market, Timestamp(0));
+    assert_eq!(holdings(&market), owned(&[("a", 4), ("b", 0)]));
+}
+
+#[test]
+fn srsf_serves_the_shortest_remaining_service_first() {
+    let mut market = time_versus_service(Policy::Srsf);
+    run(&mut market, Timestamp(0));
+    assert_eq!(holdings(&market), owned(&[("a", 3), ("b", 1)]));
+}
+
+#[test]
+fn gandiva_gives_the_placement_sensitive_app_the_packed_gpus() {
+    // Machine 0 (rack 0) has a 2-GPU slot; machine 1 (rack 1) has one GPU.
+    let slot = |gpus| SlotSpec {
+        gpus,
+        gpu_type: "gpu".into(),
+    };
+    let rack = |gpus| RackSpec {
+        machines: vec![MachineSpec {
+            slots: vec![slot(gpus)],
+        }],
+    };
+    let cluster = Cluster::from_spec(&ClusterSpec {
+        racks: vec![rack(2), rack(1)],
+    })
+    .expect("valid spec");
+    let mut market = market(cluster, Policy::Gandiva);
+    // "a" is compute-bound (insensitive), "b" network-bound; the id order would favour "a".
+    let insensitive = PlacementSlowdown::NONE;
+    let sensitive = PlacementSlowdown {
+        same_slot: 1.0,
+        same_machine: 1.1,
+        same_rack: 1.5,
+        cross_rack: 2.0,
+    };
+    for (id, slowdown) in [("a", insensitive), ("b", sensitive)] {
+        let mut app = single_job_app(id, 2, 1000, 1.0);
+        let AppKind::SingleJob { job } = &mut app.kind else {
+            unreachable!()
+        };
+        job.slowdown = slowdown;
+        market.add_app(app, Timestamp(0)).expect("new app");
+    }
+    run(&mut market, Timestamp(0));
+    assert_eq!(holdings(&market), owned(&[("a", 1), ("b", 2)]));
+    let b_gpus: Vec<_> = market
+        .leases()
+        .leases_of(&AppId::from("b"))
+        .flat_map(|l| l.gpus.clone())
+        .collect();
+    assert_eq!(market.cluster().locality(&b_gpus), Locality::SameSlot);
+}
+
+#[test]
+fn optimus_spreads_gpus_where_throughput_grows_most() {
+    // Linear speed-up for both: after 1 GPU each, a 2nd doubles throughput (x2) while a 3rd
+    // adds only half (x1.5), so Optimus balances 2 and 2 instead of filling one app.
+    let mut market = market(uniform_cluster(1, 1, 1, 4), Policy::Optimus);
+    market
+        .add_app(single_job_app("a", 4, 1000, 1.0), Timestamp(0))
+        .expect("new app");
+    market
+        .add_app(single_job_app("b", 4, 1000, 1.0), Timestamp(0))
+        .expect("new app");
+    run(&mut market, Timestamp(0));
+    assert_eq!(holdings(&market), owned(&[("a", 2), ("b", 2)]));
+}
+
+#[test]
+fn slaq_serves_the_app_whose_loss_falls_most() {
+    // a has just started (loss 1, falling fast); b is 90% done (loss 0.1, nearly flat).
+    let mut market = market(uniform_cluster(1, 1, 1, 2), Policy::Slaq);
+    market
+        .add_app(single_job_app("a", 2, 1000, 1.0), Timestamp(0))
+        .expect("new app");
+    let mut late = single_job_app("b", 2, 1000, 1.0);
+    let AppKind::SingleJob { job } = &mut late.kind else {
+        unreachable!()
+    };
+    job.completed_iterations = 900;
+    market.add_app(late, Timestamp(0)).expect("new app");
+    run(&mut market, Timestamp(0));
+    assert_eq!(holdings(&market), owned(&[("a", 2), ("b", 0)]));
+}
+
+#[test]
+fn baselines_are_work_conserving_through_leases() {
+    for policy in Policy::ALL
+        .into_iter()
+        .filter(|&policy| policy != Policy::Themis)
+    {
+        let mut market = market(uniform_cluster(2, 2, 2, 2), policy);
+        for (n, demand) in [3, 5, 2, 7].into_iter().enumerate() {
+            market
+                .add_app(
+                    single_job_app(&format!("app{n}"), demand, 500, 1.0),
+                    Timestamp(0),
+                )
+                .expect("new app");
+        }
+        let outcome = market
+            .run_round(Timestamp(0), 1)
+            .expect("offer")
+            .expect("round");
+        assert_eq!(outcome.policy, policy);
+        assert!(
+            market.free_gpus().is_empty(),
+            "{policy}: 16 GPUs, demand 17, none may stay idle"
+        );
+        let held: usize = holdings(&market).iter().map(|(_, count)| count).sum();
+        assert_eq!(held, 16, "{policy}");
+    }
+}
