@@ -1,6 +1,8 @@
 //! Finish-time fairness: rho(G) = T_shared(G) / T_independent (Themis §4.3, Equations 1 and 2),
 //! assuming the allocation G is held until the app completes.
 
+use std::ops::Range;
+
 use crate::app::{App, AppKind, JobInfo, PerformanceCurveAgent, SuccessiveHalvingAgent};
 use crate::rho::Rho;
 use crate::time::Timestamp;
@@ -69,12 +71,38 @@ fn total_demand(jobs: &[JobInfo]) -> u32 {
     jobs.iter().map(|job| job.max_gpus).sum()
 }
 
-/// Time for `jobs` to all finish on `gpus` (the phase ends when its slowest job does).
+/// How an app's scheduler shares `gpu_count` GPUs (sorted in topology order) among jobs with
+/// the given remaining `work` and demands: the positions of each job's GPUs, `None` for a job
+/// that waits.
 ///
-/// With at least one GPU per job, the GPUs are split evenly (the remainder to the jobs with the
-/// most work) in topology order, so each job's share stays as local as the bundle allows; a job
-/// never uses more than its demand. With fewer GPUs than jobs, jobs run one GPU each and queue:
-/// longest job first onto the least-loaded GPU, as the §4.3.3 example schedules them.
+/// With at least one GPU per job, the GPUs are split evenly in topology order (the remainder to
+/// the jobs with the most work), so each job's share stays as local as the set allows; a job
+/// uses no more than its demand. With fewer GPUs than jobs, the jobs with the most work run on
+/// one GPU each and the others wait.
+pub fn job_shares(work: &[f64], max_gpus: &[u32], gpu_count: usize) -> Vec<Option<Range<usize>>> {
+    let mut by_work: Vec<usize> = (0..work.len()).collect();
+    by_work.sort_by(|&a, &b| work[b].total_cmp(&work[a]).then(a.cmp(&b)));
+    let mut shares = vec![None; work.len()];
+    if gpu_count < work.len() {
+        for (position, &job) in by_work.iter().take(gpu_count).enumerate() {
+            shares[job] = Some(position..position + 1);
+        }
+        return shares;
+    }
+    let (base, extra) = (gpu_count / work.len(), gpu_count % work.len());
+    let mut next = 0;
+    for (rank, &job) in by_work.iter().enumerate() {
+        let share = base + usize::from(rank < extra);
+        let used = share.min(max_gpus[job].max(1) as usize);
+        shares[job] = Some(next..next + used);
+        next += share;
+    }
+    shares
+}
+
+/// Time for `jobs` to all finish on `gpus` (the phase ends when its slowest job does), with the
+/// GPUs shared as [`job_shares`] does. With fewer GPUs than jobs the waiting jobs queue for the
+/// GPUs: longest job first onto the least-loaded GPU, as the §4.3.3 example schedules them.
 fn phase_time(jobs: &[JobInfo], gpus: &[GpuLocation]) -> f64 {
     if jobs.is_empty() {
         return 0.0;
@@ -82,33 +110,40 @@ fn phase_time(jobs: &[JobInfo], gpus: &[GpuLocation]) -> f64 {
     if gpus.is_empty() {
         return f64::INFINITY;
     }
-    let work = |job: &JobInfo| job.iterations_remaining * job.serial_iteration_time;
-    let mut by_work: Vec<&JobInfo> = jobs.iter().collect();
-    by_work.sort_by(|a, b| work(b).total_cmp(&work(a)));
+    let work: Vec<f64> = jobs
+        .iter()
+        .map(|job| job.iterations_remaining * job.serial_iteration_time)
+        .collect();
     if gpus.len() < jobs.len() {
+        let mut by_work: Vec<usize> = (0..jobs.len()).collect();
+        by_work.sort_by(|&a, &b| work[b].total_cmp(&work[a]));
         let mut load = vec![0.0_f64; gpus.len()];
         for job in by_work {
             let least = load
                 .iter_mut()
                 .min_by(|a, b| a.total_cmp(b))
                 .expect("at least one gpu");
-            *least += work(job) * job.slowdown.at(Locality::SameSlot);
+            *least += work[job] * jobs[job].slowdown.at(Locality::SameSlot);
         }
         return load.into_iter().fold(0.0, f64::max);
     }
     let mut ordered = gpus.to_vec();
     ordered.sort_unstable();
-    let (base, extra) = (ordered.len() / jobs.len(), ordered.len() % jobs.len());
-    let mut next = 0;
-    let mut slowest = 0.0_f64;
-    for (rank, job) in by_work.into_iter().enumerate() {
-        let share = base + usize::from(rank < extra);
-        let used = share.min(job.max_gpus.max(1) as usize);
-        let locality = Locality::of(ordered[next..next + used].iter().copied());
-        next += share;
-        slowest = slowest.max(work(job) * job.slowdown.at(locality) / used as f64);
-    }
-    slowest
+    let demands: Vec<u32> = jobs.iter().map(|job| job.max_gpus).collect();
+    job_shares(&work, &demands, ordered.len())
+        .into_iter()
+        .zip(jobs.iter().zip(&work))
+        .filter_map(|(share, (job, &work))| {
+            let share = share?;
+            let used = share.len() as f64;
+            Some(
+                work * job
+                    .slowdown
+                    .at(Locality::of(ordered[share].iter().copied()))
+                    / used,
+            )
+        })
+        .fold(0.0, f64::max)
 }
 
 /// Tracks the time-weighted number of active apps, so each app's N_avg over its own lifetime is

@@ -26,10 +26,13 @@ pub enum Policy {
     Srtf,
     /// Shortest remaining service (GPU-time) first.
     Srsf,
+    /// Gavel's finish-time fairness (OSDI'20): LP time fractions minimising the maximum
+    /// projected rho, rounded into leases each round.
+    GavelFtf,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 7] = [
+    pub const ALL: [Policy; 8] = [
         Policy::Themis,
         Policy::Gandiva,
         Policy::Tiresias,
@@ -37,6 +40,7 @@ impl Policy {
         Policy::Slaq,
         Policy::Srtf,
         Policy::Srsf,
+        Policy::GavelFtf,
     ];
 
     pub fn name(self) -> &'static str {
@@ -48,6 +52,7 @@ impl Policy {
             Policy::Slaq => "slaq",
             Policy::Srtf => "srtf",
             Policy::Srsf => "srsf",
+            Policy::GavelFtf => "gavel-ftf",
         }
     }
 }

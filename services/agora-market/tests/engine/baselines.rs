@@ -206,3 +206,76 @@ fn baselines_are_work_conserving_through_leases() {
         assert_eq!(held, 16, "{policy}");
     }
 }
+
+/// "old" arrived at 0 and has waited `waited` seconds; "fresh" arrives now. Both run the same
+/// job: `demand` GPUs, 1000 iterations of `demand` serial seconds, so 1000 s on the full demand
+/// and T_cluster = 1000 s. old's N_avg is 1 (alone until now), fresh's is 2 (two apps at its
+/// arrival), so rho_old = (waited + 1000 / X_old) / 1000 and rho_fresh = 1000 / X_fresh / 2000.
+fn old_versus_fresh(cluster: Cluster, demand: u32, waited: f64) -> Market {
+    let mut market = market(cluster, Policy::GavelFtf);
+    let serial = f64::from(demand);
+    market
+        .add_app(single_job_app("old", demand, 1000, serial), Timestamp(0))
+        .expect("new app");
+    let now = Timestamp::from_secs_f64(waited);
+    market
+        .add_app(single_job_app("fresh", demand, 1000, serial), now)
+        .expect("new app");
+    run(&mut market, now);
+    market
+}
+
+#[test]
+fn gavel_ftf_serves_the_worst_projected_rho_first() {
+    // 4 GPUs, both want 4; old has waited 3000 s: rho_old = 3 + 1/X_old, rho_fresh = 0.5/X_fresh
+    // with X_old + X_fresh <= 1. Equal rho at X_fresh = (4.5 - sqrt(14.25)) / 6 = 0.121, so
+    // X_old = 0.879, 3.5 of the 4 GPUs: old takes ceil(3.5) = all 4 (the id order and SRTF
+    // would both have picked "fresh").
+    let market = old_versus_fresh(uniform_cluster(1, 1, 1, 4), 4, 3000.0);
+    assert_eq!(holdings(&market), owned(&[("fresh", 0), ("old", 4)]));
+}
+
+#[test]
+fn gavel_ftf_rounds_the_lp_fractions_into_leases() {
+    // 8 GPUs, both want 8; old has waited 1000 s: 1 + 1/(1 - x) = 0.5/x at
+    // x = (2.5 - sqrt(4.25)) / 2 = 0.219, so the fair shares are 6.25 GPUs for old and 1.75
+    // for fresh. old (furthest below its share) takes ceil(6.25) = 7, fresh the last one.
+    let waited = old_versus_fresh(uniform_cluster(1, 2, 1, 4), 8, 1000.0);
+    assert_eq!(holdings(&waited), owned(&[("fresh", 1), ("old", 7)]));
+
+    // Apps arriving together get the same time fraction, so GPUs in proportion to demand:
+    // 4 GPUs for demands 6 and 2 is X = 1/2 each, 3 and 1 GPUs.
+    let mut market = market(uniform_cluster(1, 1, 1, 4), Policy::GavelFtf);
+    for (id, demand) in [("a", 2), ("b", 6)] {
+        market
+            .add_app(single_job_app(id, demand, 1000, 1.0), Timestamp(0))
+            .expect("new app");
+    }
+    run(&mut market, Timestamp(0));
+    assert_eq!(holdings(&market), owned(&[("a", 1), ("b", 3)]));
+}
+
+#[test]
+fn gavel_ftf_counts_held_gpus_against_the_fair_share() {
+    // a and b, identical and fresh, want 4 GPUs each of 4: X = 1/2, two GPUs each.
+    let mut market = market(uniform_cluster(1, 1, 1, 4), Policy::GavelFtf);
+    for id in ["a", "b"] {
+        market
+            .add_app(single_job_app(id, 4, 1000, 1.0), Timestamp(0))
+            .expect("new app");
+    }
+    run(&mut market, Timestamp(0));
+    assert_eq!(holdings(&market), owned(&[("a", 2), ("b", 2)]));
+    // b gives its GPUs back. The fractions are still 1/2 each (2 GPUs), but a already holds
+    // its 2, so b, 2 below its share, takes both free GPUs although a comes first by id.
+    let lease = market
+        .leases()
+        .leases_of(&AppId::from("b"))
+        .next()
+        .expect("b holds GPUs")
+        .id;
+    market.release_lease(lease, Timestamp(0)).expect("active");
+    run(&mut market, Timestamp(0));
+    assert_eq!(holdings(&market), owned(&[("a", 2), ("b", 2)]));
+    assert!(market.free_gpus().is_empty());
+}
