@@ -6,8 +6,9 @@
 //! - a class whose total demand fits its capacity cannot cause a conflict and gets no row;
 //! - bidders are split into independent components of the conflict graph (bidders linked by
 //!   contested classes); a component of one bidder needs no solver at all;
-//! - the payment of bidder i re-solves only i's component without i, warm-started from the PF
-//!   solution minus i;
+//! - the payment of bidder i re-solves only i's component without i. (Passing x* minus i to
+//!   HiGHS as a MIP start was measured to make these solves slower, so none is passed; see
+//!   BENCHMARKS.md.)
 //! - all programs of a stage run in parallel, one HiGHS thread each.
 
 use std::num::NonZeroU32;
@@ -133,31 +134,38 @@ fn union(parent: &mut [usize], a: usize, b: usize) {
     }
 }
 
-/// The PF choice within one component, in `members` order.
-///
-/// The objective is lexicographic maximum Nash welfare: first serve as many starving bidders as
-/// possible, then maximise the sum of log-valuations. The first tier is a weight `tier` on
-/// each starving bidder's columns, larger than any difference the second tier can make.
+/// The PF choice within one component, in `members` order: lexicographic maximum Nash
+/// welfare (see [`tiered_weight`]).
 fn pf_choice(context: &Context, members: &[usize]) -> Result<Vec<Option<usize>>, AuctionError> {
-    let instance = context.instance;
     if let [only] = members {
-        return Ok(vec![best_alone(instance, *only)]);
+        return Ok(vec![best_alone(context.instance, *only)]);
     }
+    let weight = tiered_weight(context.instance, members);
+    Program::new(context, members, None, weight).solve("proportional-fair")
+}
+
+/// Column weights of the lexicographic objective over `members`: first serve as many starving
+/// bidders as possible, then maximise the sum of log-valuations. The first tier is a weight on
+/// each starving bidder's columns larger than any difference the second tier can make.
+fn tiered_weight<'a>(
+    instance: &'a Instance,
+    members: &[usize],
+) -> impl Fn(usize, usize) -> f64 + 'a {
     let largest_gain = |&member: &usize| {
-        (0..instance.bidders[member].options.len())
-            .map(|o| instance.gain(member, o).abs())
+        let options = 0..instance.bidders[member].options.len();
+        options
+            .map(|option| instance.gain(member, option).abs())
             .fold(0.0, f64::max)
     };
     let tier = 2.0 * members.iter().map(largest_gain).sum::<f64>() + 1.0;
-    let weight = |member: usize, option: usize| {
+    move |member, option| {
         let starving_bonus = if instance.bidders[member].is_starving() {
             tier
         } else {
             0.0
         };
         starving_bonus + instance.gain(member, option)
-    };
-    Program::new(context, members, None, weight).solve("proportional-fair", None)
+    }
 }
 
 /// A bidder alone in its component takes its best option (the starving take any).
@@ -172,9 +180,13 @@ fn best_alone(instance: &Instance, member: usize) -> Option<usize> {
 }
 
 /// c_i = prod_{j != i} v_j(x*) / prod_{j != i} v_j(x*_{-i}), computed in logs over i's
-/// component (the other components are the same in both solutions and cancel). x*_{-i} keeps
-/// the number of starving bidders served fixed, so the comparison stays within one tier of the
+/// component (the other components are the same in both solutions and cancel). x*_{-i} serves
+/// as many starving bidders as x* does, so the comparison stays within one tier of the
 /// lexicographic objective and c_i stays in (0, 1] (docs/mechanism.md).
+///
+/// x*_{-i} is the others' lexicographic optimum. When i is not starving it serves that many
+/// starving bidders by itself (if the others could serve more without i, x* could too, by giving
+/// i nothing); when i is starving, an upper bound on the count keeps it there.
 fn payment_share(
     context: &Context,
     members: &[usize],
@@ -193,11 +205,16 @@ fn payment_share(
         .iter()
         .filter(|&&m| instance.bidders[m].is_starving() && options[m].is_some())
         .count();
-    let program = Program::new(context, &others, Some(starving_served), |m, o| {
-        instance.gain(m, o)
-    });
-    let warm_start: Vec<Option<usize>> = others.iter().map(|&m| options[m]).collect();
-    let without_payer_choice = program.solve("payment", Some(&warm_start))?;
+    let starving_cap = instance.bidders[payer]
+        .is_starving()
+        .then_some(starving_served);
+    let program = Program::new(
+        context,
+        &others,
+        starving_cap,
+        tiered_weight(instance, &others),
+    );
+    let without_payer_choice = program.solve("payment")?;
     let without_payer = welfare(&mut others.iter().copied().zip(without_payer_choice));
     // The PF solution minus the payer is feasible without the payer, so the optimum is at least
     // as good; a smaller value can only be solver tolerance.
@@ -213,15 +230,15 @@ struct Program<'a, 'i> {
     /// (member position, option) of each column.
     columns: Vec<(usize, usize)>,
     costs: Vec<f64>,
-    /// When set, exactly this many starving members must be served.
-    starving_served: Option<usize>,
+    /// When set, at most this many starving members may be served.
+    starving_cap: Option<usize>,
 }
 
 impl<'a, 'i> Program<'a, 'i> {
     fn new(
         context: &Context<'a, 'i>,
         members: &'a [usize],
-        starving_served: Option<usize>,
+        starving_cap: Option<usize>,
         weight: impl Fn(usize, usize) -> f64,
     ) -> Self {
         let instance = context.instance;
@@ -239,15 +256,11 @@ impl<'a, 'i> Program<'a, 'i> {
             members,
             columns,
             costs,
-            starving_served,
+            starving_cap,
         }
     }
 
-    fn solve(
-        &self,
-        program: &'static str,
-        warm_start: Option<&[Option<usize>]>,
-    ) -> Result<Vec<Option<usize>>, AuctionError> {
+    fn solve(&self, program: &'static str) -> Result<Vec<Option<usize>>, AuctionError> {
         let mut choice = vec![None; self.members.len()];
         if self.columns.is_empty() {
             return Ok(choice);
@@ -282,28 +295,14 @@ impl<'a, 'i> Program<'a, 'i> {
         {
             problem.add_row(..=f64::from(self.instance.capacity[class]), row);
         }
-        if let Some(count) = self.starving_served.filter(|_| !starving.is_empty()) {
-            let count = count as f64;
-            problem.add_row(count..=count, &starving);
+        if let Some(cap) = self.starving_cap.filter(|_| !starving.is_empty()) {
+            problem.add_row(..=cap as f64, &starving);
         }
         let mut model = problem.optimise(Sense::Maximise);
         model.make_quiet();
         model.set_threads(NonZeroU32::MIN);
         model.set_option("mip_rel_gap", 0.0);
         model.set_option("mip_abs_gap", 1e-9);
-        if let Some(start) = warm_start {
-            let values: Vec<f64> = self
-                .columns
-                .iter()
-                .map(|&(position, option)| f64::from(start[position] == Some(option)))
-                .collect();
-            model
-                .try_set_solution(Some(&values), None, None, None)
-                .map_err(|status| AuctionError::Solver {
-                    program,
-                    detail: format!("warm start rejected: {status:?}"),
-                })?;
-        }
         let solved = model.try_solve().map_err(|status| AuctionError::Solver {
             program,
             detail: format!("{status:?}"),
