@@ -33,7 +33,7 @@ pub struct MarketConfig {
     /// Themis's f in (0, 1): the worst (1 - f) fraction of apps by rho bid in each round.
     pub fairness_knob: f64,
     /// L: how long a lease lasts.
-    #[serde(with = "seconds")]
+    #[serde(with = "crate::time::duration_seconds")]
     pub lease_length: Duration,
     pub bids: BidConfig,
     pub leftover_policy: LeftoverPolicy,
@@ -51,21 +51,6 @@ impl Default for MarketConfig {
             leftover_policy: LeftoverPolicy::default(),
             policy: Policy::default(),
         }
-    }
-}
-
-mod seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_f64(duration.as_secs_f64())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        let seconds = f64::deserialize(deserializer)?;
-        Duration::try_from_secs_f64(seconds).map_err(serde::de::Error::custom)
     }
 }
 

@@ -27,7 +27,7 @@ use crate::workload::{Workload, WorkloadApp};
 pub struct SimulationConfig {
     pub market: MarketConfig,
     /// Pause of a job whose GPUs change, to checkpoint and restore (§6.2.3 measures ~35 s).
-    #[serde(with = "seconds")]
+    #[serde(with = "agora_market::time::duration_seconds")]
     pub restart_pause: Duration,
     pub seed: u64,
     /// Relative error injected into what the market is told of each job's serial iteration
@@ -55,21 +55,6 @@ impl Default for SimulationConfig {
 pub struct Misreport {
     pub app: AppId,
     pub exaggeration: f64,
-}
-
-mod seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_f64(duration.as_secs_f64())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-        Duration::try_from_secs_f64(f64::deserialize(deserializer)?)
-            .map_err(serde::de::Error::custom)
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
