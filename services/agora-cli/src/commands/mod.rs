@@ -2,6 +2,7 @@
 //! plus one variant of [`Command`].
 
 pub mod auction;
+pub mod simulate;
 
 use clap::{Parser, Subcommand};
 
@@ -25,12 +26,15 @@ enum Command {
     /// Run the partial-allocation auction.
     #[command(subcommand)]
     Auction(auction::AuctionCommand),
+    /// Replay a workload on a simulated cluster under one or more policies.
+    Simulate(simulate::SimulateArgs),
 }
 
 impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Auction(command) => command.run()?,
+            Command::Simulate(args) => args.run()?,
         }
         Ok(())
     }
@@ -40,6 +44,9 @@ impl Cli {
 /// [`EXIT_FAILURE`] otherwise.
 pub fn exit_code(error: &anyhow::Error) -> u8 {
     if let Some(error) = error.downcast_ref::<auction::SolveError>() {
+        return error.exit_code();
+    }
+    if let Some(error) = error.downcast_ref::<simulate::SimulateError>() {
         return error.exit_code();
     }
     EXIT_FAILURE
