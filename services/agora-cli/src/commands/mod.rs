@@ -2,6 +2,7 @@
 //! plus one variant of [`Command`].
 
 pub mod auction;
+pub mod experiment;
 pub mod simulate;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +29,8 @@ enum Command {
     Auction(auction::AuctionCommand),
     /// Replay a workload on a simulated cluster under one or more policies.
     Simulate(simulate::SimulateArgs),
+    /// Regenerate one of the Themis paper's evaluation experiments.
+    Experiment(experiment::ExperimentArgs),
 }
 
 impl Cli {
@@ -35,6 +38,7 @@ impl Cli {
         match self.command {
             Command::Auction(command) => command.run()?,
             Command::Simulate(args) => args.run()?,
+            Command::Experiment(args) => args.run()?,
         }
         Ok(())
     }
@@ -47,6 +51,9 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
         return error.exit_code();
     }
     if let Some(error) = error.downcast_ref::<simulate::SimulateError>() {
+        return error.exit_code();
+    }
+    if let Some(error) = error.downcast_ref::<experiment::ExperimentCommandError>() {
         return error.exit_code();
     }
     EXIT_FAILURE

@@ -1,0 +1,964 @@
+//! Experiments reproducing Themis (NSDI'20) §6, Figures 9-19, on the simulator. Each writes
+//! CSV data and SVG charts into an output directory and returns a short text summary.
+//!
+//! Everything is deterministic: the workloads come from fixed generator seeds and every
+//! simulation has a fixed seed. Independent simulations run on parallel threads.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use agora_market::app::{App, AppId, AppKind, Job};
+use agora_market::market::MarketConfig;
+use agora_market::policy::Policy;
+use agora_market::topology::{Cluster, ClusterSpec, MachineSpec, RackSpec, SlotSpec};
+
+use crate::charts::{self, LineChart, Series};
+use crate::clusters::{self, shipped};
+use crate::generate::{self, GeneratorConfig};
+use crate::metrics::SimulationReport;
+use crate::models::NETWORK_INTENSIVE_SLOWDOWN;
+use crate::simulator::{simulate, Misreport, SimulationConfig, SimulationError};
+use crate::workload::{Workload, WorkloadApp};
+
+/// Every experiment: name and one-line description.
+pub const EXPERIMENTS: &[(&str, &str)] = &[
+    (
+        "fig9-10-rho-cdf",
+        "CDF of finish-time fairness rho per policy, Workload 1 and Workload 2",
+    ),
+    (
+        "fig11-12-gpu-time",
+        "total GPU time per policy, Workload 1 and Workload 2",
+    ),
+    (
+        "fig13-placement",
+        "CDF of per-app placement scores per policy, Workload 1 and Workload 2",
+    ),
+    (
+        "fig14-contention",
+        "max rho per policy on the cluster scaled to 1, 1/2 and 1/4 (Workload 1)",
+    ),
+    (
+        "fig15-16-network",
+        "max rho and GPU time per policy as the network-intensive share goes 0..1 (Workload 2)",
+    ),
+    (
+        "fig17-estimation-error",
+        "Themis's max rho with estimation errors of 0, 10, 20, 50% (Workload 2)",
+    ),
+    (
+        "fig18-liar",
+        "64 GPUs, 8 identical apps, one exaggerates its slowdown by 0..100%: liar vs others",
+    ),
+    (
+        "fig19-sensitivity",
+        "Themis's max rho and GPU time for fairness knob f x lease length (Workload 2)",
+    ),
+];
+
+/// How big the experiments are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExperimentScale {
+    /// Apps per generated workload.
+    pub apps: usize,
+    /// The generators' `duration_scale` (GPU times and arrival gaps).
+    pub duration_scale: f64,
+    /// Independent seeds for experiments with random errors (Fig 17).
+    pub error_seeds: u64,
+    /// Worker threads (0: all available cores).
+    pub threads: usize,
+}
+
+impl ExperimentScale {
+    /// The documented size: the generators' defaults (30 apps, duration scale 0.1).
+    pub fn full() -> Self {
+        Self {
+            apps: generate::DEFAULT_APPS,
+            duration_scale: generate::DEFAULT_DURATION_SCALE,
+            error_seeds: 3,
+            threads: 0,
+        }
+    }
+
+    /// A tiny version for tests: 2 apps, 1/100 of the trace's durations.
+    pub fn tiny() -> Self {
+        Self {
+            apps: 2,
+            duration_scale: 0.01,
+            error_seeds: 1,
+            threads: 0,
+        }
+    }
+
+    fn generator(&self) -> GeneratorConfig {
+        GeneratorConfig::philly_like(self.apps, 0, self.duration_scale)
+    }
+}
+
+impl Default for ExperimentScale {
+    fn default() -> Self {
+        Self::full()
+    }
+}
+
+/// What an experiment produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExperimentOutput {
+    pub name: String,
+    /// CSV and SVG files written, in the output directory.
+    pub files: Vec<PathBuf>,
+    /// A few lines of headline numbers.
+    pub summary: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExperimentError {
+    #[error("unknown experiment {0:?}; choose one of {known}", known = names())]
+    Unknown(String),
+    #[error("cannot write {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Cluster(#[from] clusters::ClusterFileError),
+    #[error(transparent)]
+    Scale(#[from] clusters::InvalidScale),
+    #[error("invalid cluster: {0}")]
+    Topology(#[from] agora_market::topology::TopologyError),
+    #[error(transparent)]
+    Generator(#[from] generate::GeneratorError),
+    #[error("simulation {label} failed: {source}")]
+    Simulation {
+        label: String,
+        source: SimulationError,
+    },
+    #[error(transparent)]
+    Chart(#[from] charts::ChartError),
+}
+
+fn names() -> String {
+    EXPERIMENTS
+        .iter()
+        .map(|(name, _)| *name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Runs experiment `name`, writing its CSV and SVG files into `out_dir` (created if needed).
+pub fn run_experiment(
+    name: &str,
+    out_dir: &Path,
+    scale: ExperimentScale,
+) -> Result<ExperimentOutput, ExperimentError> {
+    if !EXPERIMENTS.iter().any(|(known, _)| *known == name) {
+        return Err(ExperimentError::Unknown(name.to_owned()));
+    }
+    std::fs::create_dir_all(out_dir).map_err(|source| ExperimentError::Io {
+        path: out_dir.to_owned(),
+        source,
+    })?;
+    let mut out = Output {
+        dir: out_dir.to_owned(),
+        files: Vec::new(),
+    };
+    let summary = match name {
+        "fig9-10-rho-cdf" => rho_cdf(&mut out, scale)?,
+        "fig11-12-gpu-time" => gpu_time(&mut out, scale)?,
+        "fig13-placement" => placement(&mut out, scale)?,
+        "fig14-contention" => contention(&mut out, scale)?,
+        "fig15-16-network" => network(&mut out, scale)?,
+        "fig17-estimation-error" => estimation_error(&mut out, scale)?,
+        "fig18-liar" => liar(&mut out, scale)?,
+        "fig19-sensitivity" => sensitivity(&mut out, scale)?,
+        _ => return Err(ExperimentError::Unknown(name.to_owned())),
+    };
+    Ok(ExperimentOutput {
+        name: name.to_owned(),
+        files: out.files,
+        summary,
+    })
+}
+
+struct Output {
+    dir: PathBuf,
+    files: Vec<PathBuf>,
+}
+
+impl Output {
+    fn csv(&mut self, file: &str, text: &str) -> Result<(), ExperimentError> {
+        let path = self.dir.join(file);
+        std::fs::write(&path, text).map_err(|source| ExperimentError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        self.files.push(path);
+        Ok(())
+    }
+
+    fn lines(
+        &mut self,
+        file: &str,
+        chart: &LineChart<'_>,
+        series: &[Series],
+    ) -> Result<(), ExperimentError> {
+        let path = self.dir.join(file);
+        charts::line_chart(&path, chart, series)?;
+        self.files.push(path);
+        Ok(())
+    }
+
+    fn bars(
+        &mut self,
+        file: &str,
+        title: &str,
+        y_label: &str,
+        categories: &[String],
+        series: &[(String, Vec<f64>)],
+    ) -> Result<(), ExperimentError> {
+        let path = self.dir.join(file);
+        charts::bar_chart(&path, title, y_label, categories, series)?;
+        self.files.push(path);
+        Ok(())
+    }
+}
+
+/// One simulation to run.
+struct Run<'a> {
+    label: String,
+    cluster: &'a Cluster,
+    workload: &'a Workload,
+    config: SimulationConfig,
+}
+
+/// Runs simulations on parallel threads; reports in the order of `runs`.
+fn simulate_all(
+    runs: &[Run<'_>],
+    threads: usize,
+) -> Result<Vec<SimulationReport>, ExperimentError> {
+    let threads = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, usize::from)
+    } else {
+        threads
+    }
+    .clamp(1, runs.len().max(1));
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<SimulationReport, SimulationError>>>> =
+        Mutex::new((0..runs.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                let Some(run) = runs.get(index) else { break };
+                let result = simulate(run.cluster, run.workload, &run.config, |_| {});
+                if let Ok(mut results) = results.lock() {
+                    results[index] = Some(result);
+                }
+            });
+        }
+    });
+    let results = results
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    runs.iter()
+        .zip(results)
+        .map(|(run, result)| match result {
+            Some(Ok(report)) => Ok(report),
+            Some(Err(source)) => Err(ExperimentError::Simulation {
+                label: run.label.clone(),
+                source,
+            }),
+            None => Err(ExperimentError::Simulation {
+                label: run.label.clone(),
+                source: SimulationError::InvalidArrival(AppId("worker panicked".to_owned())),
+            }),
+        })
+        .collect()
+}
+
+fn config(policy: Policy) -> SimulationConfig {
+    SimulationConfig {
+        market: MarketConfig {
+            policy,
+            ..MarketConfig::default()
+        },
+        ..SimulationConfig::default()
+    }
+}
+
+fn cluster_256_spec() -> Result<ClusterSpec, ExperimentError> {
+    Ok(clusters::load_cluster_spec(shipped::path(
+        shipped::THEMIS_SIM_256,
+    ))?)
+}
+
+fn cluster_256() -> Result<Cluster, ExperimentError> {
+    Ok(Cluster::from_spec(&cluster_256_spec()?)?)
+}
+
+const HOURS: f64 = 3600.0;
+
+/// Both workloads x all policies on the 256-GPU cluster: the runs behind Figs 9-13.
+#[derive(Debug, Clone)]
+struct Macro {
+    /// (workload label, one report per `Policy::ALL`).
+    workloads: Vec<(&'static str, Vec<SimulationReport>)>,
+}
+
+/// Figs 9-13 share their runs: the last scale's are kept for the process's lifetime.
+static MACRO_CACHE: Mutex<Option<(ExperimentScale, Macro)>> = Mutex::new(None);
+
+fn macrobenchmarks(scale: ExperimentScale) -> Result<Macro, ExperimentError> {
+    let mut cache = MACRO_CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let key = ExperimentScale {
+        threads: 0,
+        ..scale
+    };
+    if let Some((cached, runs)) = cache.as_ref() {
+        if *cached == key {
+            return Ok(runs.clone());
+        }
+    }
+    let runs = run_macrobenchmarks(scale)?;
+    *cache = Some((key, runs.clone()));
+    Ok(runs)
+}
+
+fn run_macrobenchmarks(scale: ExperimentScale) -> Result<Macro, ExperimentError> {
+    let cluster = cluster_256()?;
+    let generator = scale.generator();
+    let workloads = [
+        ("workload1", generate::workload1(&generator)?),
+        ("workload2", generate::workload2(&generator)?),
+    ];
+    let runs: Vec<Run<'_>> = workloads
+        .iter()
+        .flat_map(|(label, workload)| {
+            let cluster = &cluster;
+            Policy::ALL.into_iter().map(move |policy| Run {
+                label: format!("{label}/{policy}"),
+                cluster,
+                workload,
+                config: config(policy),
+            })
+        })
+        .collect();
+    let mut reports = simulate_all(&runs, scale.threads)?.into_iter();
+    Ok(Macro {
+        workloads: workloads
+            .iter()
+            .map(|(label, _)| (*label, reports.by_ref().take(Policy::ALL.len()).collect()))
+            .collect(),
+    })
+}
+
+fn cdf_points(sorted: &[f64]) -> Vec<(f64, f64)> {
+    let n = sorted.len() as f64;
+    sorted
+        .iter()
+        .enumerate()
+        .map(|(i, &value)| (value, (i + 1) as f64 / n))
+        .collect()
+}
+
+fn themis_vs_best_baseline(values: &[(Policy, f64)]) -> (f64, Policy, f64) {
+    let themis = values
+        .iter()
+        .find(|(policy, _)| *policy == Policy::Themis)
+        .map_or(f64::NAN, |(_, value)| *value);
+    let (best, value) = values
+        .iter()
+        .filter(|(policy, _)| *policy != Policy::Themis)
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .copied()
+        .unwrap_or((Policy::Themis, f64::NAN));
+    (themis, best, value)
+}
+
+fn rho_cdf(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
+    let runs = macrobenchmarks(scale)?;
+    let mut csv = String::from("workload,policy,rank,cdf,rho\n");
+    let mut summary_csv = String::from(
+        "workload,policy,apps,unfinished_apps,max_rho,median_rho,jains_index,fraction_rho_above_one\n",
+    );
+    let mut summary = String::new();
+    for (figure, (workload, reports)) in ["fig9", "fig10"].iter().zip(&runs.workloads) {
+        let mut series = Vec::new();
+        for report in reports {
+            let policy = report.summary.policy;
+            for (rank, (rho, cdf)) in cdf_points(&report.rho_cdf).into_iter().enumerate() {
+                let _ = writeln!(csv, "{workload},{policy},{rank},{cdf:.6},{rho:.6}");
+            }
+            let s = &report.summary;
+            let median = crate::metrics::percentile(&report.rho_cdf, 0.5);
+            let _ = writeln!(
+                summary_csv,
+                "{workload},{policy},{},{},{:.6},{median:.6},{:.6},{:.6}",
+                s.apps, s.unfinished_apps, s.max_rho, s.jains_index, s.fraction_rho_above_one
+            );
+            series.push(Series::new(policy.name(), cdf_points(&report.rho_cdf)));
+        }
+        out.lines(
+            &format!("{figure}-{workload}-rho-cdf.svg"),
+            &LineChart {
+                title: &format!("Finish-time fairness, {workload} (256 GPUs)"),
+                x_label: "rho",
+                y_label: "fraction of apps",
+                markers: false,
+                steps: true,
+            },
+            &series,
+        )?;
+        let max: Vec<(Policy, f64)> = reports
+            .iter()
+            .map(|r| (r.summary.policy, r.summary.max_rho))
+            .collect();
+        let (themis, best, value) = themis_vs_best_baseline(&max);
+        let worst = max.iter().map(|m| m.1).fold(f64::NEG_INFINITY, f64::max);
+        let _ = writeln!(
+            summary,
+            "{workload}: max rho themis {themis:.2}; best baseline {best} {value:.2} ({:.2}x themis); worst baseline {worst:.2} ({:.2}x)",
+            value / themis,
+            worst / themis
+        );
+        let _ = writeln!(
+            summary,
+            "  max rho by policy: {}",
+            max.iter()
+                .map(|(p, v)| format!("{p} {v:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    out.csv("rho-cdf.csv", &csv)?;
+    out.csv("summary.csv", &summary_csv)?;
+    Ok(summary)
+}
+
+fn gpu_time(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
+    let runs = macrobenchmarks(scale)?;
+    let mut csv = String::from("workload,policy,total_gpu_hours,relative_to_themis\n");
+    let mut summary = String::new();
+    let categories: Vec<String> = Policy::ALL.iter().map(|p| p.name().to_owned()).collect();
+    let mut series = Vec::new();
+    for (workload, reports) in &runs.workloads {
+        let hours: Vec<(Policy, f64)> = reports
+            .iter()
+            .map(|r| (r.summary.policy, r.summary.total_gpu_seconds / HOURS))
+            .collect();
+        let (themis, best, value) = themis_vs_best_baseline(&hours);
+        for (policy, gpu_hours) in &hours {
+            let _ = writeln!(
+                csv,
+                "{workload},{policy},{gpu_hours:.3},{:.4}",
+                gpu_hours / themis
+            );
+        }
+        let _ = writeln!(
+            summary,
+            "{workload}: GPU hours themis {themis:.1}; best baseline {best} {value:.1} (themis {:+.1}%); {}",
+            (themis / value - 1.0) * 100.0,
+            hours
+                .iter()
+                .map(|(p, v)| format!("{p} {v:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        series.push((
+            (*workload).to_owned(),
+            hours.iter().map(|h| h.1).collect::<Vec<_>>(),
+        ));
+    }
+    out.csv("gpu-time.csv", &csv)?;
+    out.bars(
+        "fig11-12-gpu-time.svg",
+        "Total GPU time per policy (256 GPUs)",
+        "GPU hours",
+        &categories,
+        &series,
+    )?;
+    Ok(summary)
+}
+
+fn placement(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
+    let runs = macrobenchmarks(scale)?;
+    let mut csv = String::from("workload,policy,rank,cdf,placement_score\n");
+    let mut summary = String::new();
+    for (workload, reports) in &runs.workloads {
+        let mut series = Vec::new();
+        let mut means = Vec::new();
+        for report in reports {
+            let policy = report.summary.policy;
+            let mut scores: Vec<f64> = report.apps.iter().map(|a| a.placement_score).collect();
+            scores.sort_by(f64::total_cmp);
+            for (rank, (score, cdf)) in cdf_points(&scores).into_iter().enumerate() {
+                let _ = writeln!(csv, "{workload},{policy},{rank},{cdf:.6},{score:.6}");
+            }
+            means.push(format!(
+                "{policy} {:.3}",
+                report.summary.mean_placement_score
+            ));
+            series.push(Series::new(policy.name(), cdf_points(&scores)));
+        }
+        out.lines(
+            &format!("fig13-{workload}-placement-cdf.svg"),
+            &LineChart {
+                title: &format!("Placement scores, {workload} (256 GPUs)"),
+                x_label: "placement score (1 is best)",
+                y_label: "fraction of apps",
+                markers: false,
+                steps: true,
+            },
+            &series,
+        )?;
+        let _ = writeln!(
+            summary,
+            "{workload}: mean placement score {}",
+            means.join(", ")
+        );
+    }
+    out.csv("placement.csv", &csv)?;
+    Ok(summary)
+}
+
+/// A sweep: for each x, one report per policy in `policies`.
+fn sweep_csv_and_charts(
+    header_x: &str,
+    xs: &[f64],
+    policies: &[Policy],
+    reports: &[SimulationReport],
+) -> (String, Vec<Series>, Vec<Series>) {
+    let mut csv = format!("{header_x},policy,max_rho,total_gpu_hours,unfinished_apps\n");
+    let mut rho_series: Vec<Series> = policies
+        .iter()
+        .map(|p| Series::new(p.name(), Vec::new()))
+        .collect();
+    let mut gpu_series = rho_series.clone();
+    for (i, &x) in xs.iter().enumerate() {
+        for (j, policy) in policies.iter().enumerate() {
+            let s = &reports[i * policies.len() + j].summary;
+            let hours = s.total_gpu_seconds / HOURS;
+            let _ = writeln!(
+                csv,
+                "{x},{policy},{:.6},{hours:.3},{}",
+                s.max_rho, s.unfinished_apps
+            );
+            rho_series[j].points.push((x, s.max_rho));
+            gpu_series[j].points.push((x, hours));
+        }
+    }
+    (csv, rho_series, gpu_series)
+}
+
+fn contention(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
+    let spec = cluster_256_spec()?;
+    let workload = generate::workload1(&scale.generator())?;
+    let fractions = [1.0, 0.5, 0.25];
+    let clusters: Vec<Cluster> = fractions
+        .iter()
+        .map(|&f| Ok(Cluster::from_spec(&clusters::scale_cluster(&spec, f)?)?))
+        .collect::<Result<_, ExperimentError>>()?;
+    let runs: Vec<Run<'_>> = clusters
+        .iter()
+        .zip(fractions)
+        .flat_map(|(cluster, fraction)| {
+            let workload = &workload;
+            Policy::ALL.into_iter().map(move |policy| Run {
+                label: format!("cluster x{fraction}/{policy}"),
+                cluster,
+                workload,
+                config: config(policy),
+            })
+        })
+        .collect();
+    let reports = simulate_all(&runs, scale.threads)?;
+    let contention: Vec<f64> = fractions.iter().map(|f| 1.0 / f).collect();
+    let (csv, rho, _) = sweep_csv_and_charts("contention", &contention, &Policy::ALL, &reports);
+    let gpus: Vec<usize> = clusters.iter().map(Cluster::len).collect();
+    out.csv("contention.csv", &csv)?;
+    out.lines(
+        "fig14-contention.svg",
+        &LineChart {
+            title: &format!("Max rho vs contention, workload1 (cluster GPUs {gpus:?})"),
+            x_label: "contention (1 / cluster fraction)",
+            y_label: "max rho",
+            markers: true,
+            steps: false,
+        },
+        &rho,
+    )?;
+    let mut summary = format!("cluster GPUs {gpus:?}\n");
+    for series in &rho {
+        let _ = writeln!(
+            summary,
+            "  {}: max rho {}",
+            series.name,
+            series
+                .points
+                .iter()
+                .map(|(x, y)| format!("{x}x {y:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(summary)
+}
+
+fn network(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
+    let cluster = cluster_256()?;
+    let fractions = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0];
+    let workloads: Vec<Workload> = fractions
+        .iter()
+        .map(|&fraction| {
+            generate::workload2(&GeneratorConfig {
+                network_intensive_fraction: Some(fraction),
+                ..scale.generator()
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let runs: Vec<Run<'_>> = workloads
+        .iter()
+        .zip(fractions)
+        .flat_map(|(workload, fraction)| {
+            let cluster = &cluster;
+            Policy::ALL.into_iter().map(move |policy| Run {
+                label: format!("network {fraction}/{policy}"),
+                cluster,
+                workload,
+                config: config(policy),
+            })
+        })
+        .collect();
+    let reports = simulate_all(&runs, scale.threads)?;
+    let (csv, rho, gpu) = sweep_csv_and_charts(
+        "network_intensive_fraction",
+        &fractions,
+        &Policy::ALL,
+        &reports,
+    );
+    out.csv("network.csv", &csv)?;
+    out.lines(
+        "fig15-network-max-rho.svg",
+        &LineChart {
+            title: "Max rho vs share of network-intensive apps, workload2",
+            x_label: "fraction of network-intensive apps",
+            y_label: "max rho",
+            markers: true,
+            steps: false,
+        },
+        &rho,
+    )?;
+    out.lines(
+        "fig16-network-gpu-time.svg",
+        &LineChart {
+            title: "GPU time vs share of network-intensive apps, workload2",
+            x_label: "fraction of network-intensive apps",
+            y_label: "GPU hours",
+            markers: true,
+            steps: false,
+        },
+        &gpu,
+    )?;
+    let mut summary = String::new();
+    for (i, fraction) in fractions.iter().enumerate() {
+        let at = |series: &[Series]| -> Vec<(Policy, f64)> {
+            Policy::ALL
+                .iter()
+                .zip(series)
+                .map(|(p, s)| (*p, s.points[i].1))
+                .collect()
+        };
+        let (themis_rho, best_rho, best_rho_value) = themis_vs_best_baseline(&at(&rho));
+        let (themis_gpu, best_gpu, best_gpu_value) = themis_vs_best_baseline(&at(&gpu));
+        let _ = writeln!(
+            summary,
+            "network {fraction}: max rho themis {themis_rho:.2} vs best {best_rho} {best_rho_value:.2}; GPU h themis {themis_gpu:.1} vs best {best_gpu} {best_gpu_value:.1}"
+        );
+    }
+    Ok(summary)
+}
+
+fn estimation_error(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
+    let cluster = cluster_256()?;
+    let workload = generate::workload2(&scale.generator())?;
+    let errors = [0.0, 0.1, 0.2, 0.5];
+    let seeds: Vec<u64> = (0..scale.error_seeds.max(1)).collect();
+    let runs: Vec<Run<'_>> = errors
+        .iter()
+        .flat_map(|&error| {
+            let (cluster, workload) = (&cluster, &workload);
+            seeds.iter().map(move |&seed| Run {
+                label: format!("error {error}/seed {seed}"),
+                cluster,
+                workload,
+                config: SimulationConfig {
+                    estimation_error: error,
+                    seed,
+                    ..config(Policy::Themis)
+                },
+            })
+        })
+        .collect();
+    let reports = simulate_all(&runs, scale.threads)?;
+    let mut csv = String::from("estimation_error,seed,max_rho,total_gpu_hours,unfinished_apps\n");
+    let mut mean = Series::new("themis (mean over seeds)", Vec::new());
+    let mut worst = Series::new("themis (worst seed)", Vec::new());
+    for (i, &error) in errors.iter().enumerate() {
+        let chunk = &reports[i * seeds.len()..(i + 1) * seeds.len()];
+        for (seed, report) in seeds.iter().zip(chunk) {
+            let s = &report.summary;
+            let _ = writeln!(
+                csv,
+                "{error},{seed},{:.6},{:.3},{}",
+                s.max_rho,
+                s.total_gpu_seconds / HOURS,
+                s.unfinished_apps
+            );
+        }
+        let rhos: Vec<f64> = chunk.iter().map(|r| r.summary.max_rho).collect();
+        mean.points
+            .push((error * 100.0, rhos.iter().sum::<f64>() / rhos.len() as f64));
+        worst
+            .points
+            .push((error * 100.0, rhos.iter().copied().fold(0.0, f64::max)));
+    }
+    out.csv("estimation-error.csv", &csv)?;
+    let base = mean.points[0].1;
+    let summary = mean
+        .points
+        .iter()
+        .map(|(x, y)| {
+            format!(
+                "error {x}%: mean max rho {y:.3} ({:+.1}%)",
+                (y / base - 1.0) * 100.0
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let series = vec![mean, worst];
+    out.lines(
+        "fig17-estimation-error.svg",
+        &LineChart {
+            title: "Themis: max rho vs estimation error, workload2",
+            x_label: "estimation error X (% either way)",
+            y_label: "max rho",
+            markers: true,
+            steps: false,
+        },
+        &series,
+    )?;
+    Ok(summary + "\n")
+}
+
+/// Fig 18's cluster: 64 GPUs, one 8-GPU machine (4 slots x 2 GPUs) and 28 2-GPU machines (one
+/// slot of 2), in 4 racks of 7 2-GPU machines, the 8-GPU machine in the first rack.
+pub fn liar_cluster_spec() -> ClusterSpec {
+    let slot = |gpus| SlotSpec {
+        gpus,
+        gpu_type: "gpu".to_owned(),
+    };
+    let big = MachineSpec {
+        slots: vec![slot(2); 4],
+    };
+    let small = MachineSpec {
+        slots: vec![slot(2)],
+    };
+    let racks = (0..4)
+        .map(|rack| {
+            let mut machines = vec![small.clone(); 7];
+            if rack == 0 {
+                machines.insert(0, big.clone());
+            }
+            RackSpec { machines }
+        })
+        .collect();
+    ClusterSpec { racks }
+}
+
+/// Fig 18's workload: 8 identical network-intensive single-job apps of 8 GPUs, all arriving at
+/// time 0; the job's ideal run on 8 GPUs lasts 40 hours x `duration_scale`.
+pub fn liar_workload(scale: ExperimentScale) -> Workload {
+    let serial_iteration_time = 1.0;
+    let total_iterations = (40.0 * HOURS * 8.0 * scale.duration_scale).round().max(1.0) as u64;
+    let apps = (0..8)
+        .map(|index| {
+            let id = format!("liar-app-{index}");
+            WorkloadApp {
+                arrival_seconds: 0.0,
+                model: "vgg16".to_owned(),
+                app: App {
+                    id: AppId(id.clone()),
+                    kind: AppKind::SingleJob {
+                        job: Job {
+                            id: format!("{id}-j000"),
+                            total_iterations,
+                            completed_iterations: 0,
+                            serial_iteration_time,
+                            max_gpus: 8,
+                            slowdown: NETWORK_INTENSIVE_SLOWDOWN,
+                            stopped: false,
+                        },
+                    },
+                },
+                job_quality: Default::default(),
+            }
+        })
+        .collect();
+    Workload { apps }
+}
+
+/// The lying app of Fig 18.
+pub const LIAR: &str = "liar-app-0";
+
+fn liar(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
+    let cluster = Cluster::from_spec(&liar_cluster_spec())?;
+    let workload = liar_workload(scale);
+    let lies = [0.0, 25.0, 50.0, 75.0, 100.0];
+    let runs: Vec<Run<'_>> = lies
+        .iter()
+        .map(|&x| Run {
+            label: format!("liar {x}%"),
+            cluster: &cluster,
+            workload: &workload,
+            config: SimulationConfig {
+                misreport: Some(Misreport {
+                    app: AppId(LIAR.to_owned()),
+                    exaggeration: x / 100.0,
+                }),
+                ..config(Policy::Themis)
+            },
+        })
+        .collect();
+    let reports = simulate_all(&runs, scale.threads)?;
+    let mut csv = String::from(
+        "exaggeration_percent,liar_completion_hours,others_mean_completion_hours,liar_rho,others_mean_rho,liar_gpu_hours,others_mean_gpu_hours,liar_placement_score,others_mean_placement_score\n",
+    );
+    let mut liar_series = Series::new("liar", Vec::new());
+    let mut others_series = Series::new("truthful apps (mean)", Vec::new());
+    let mut summary = String::new();
+    for (&x, report) in lies.iter().zip(&reports) {
+        let (liars, others): (Vec<_>, Vec<_>) =
+            report.apps.iter().partition(|app| app.app.0 == LIAR);
+        let mean = |values: Vec<f64>| values.iter().sum::<f64>() / values.len().max(1) as f64;
+        let liar = liars.first().copied();
+        let get = |f: fn(&crate::metrics::AppReport) -> f64| liar.map_or(f64::NAN, f);
+        let liar_completion = get(|a| a.completion_seconds) / HOURS;
+        let others_completion = mean(others.iter().map(|a| a.completion_seconds).collect()) / HOURS;
+        let liar_rho = get(|a| a.rho);
+        let others_rho = mean(others.iter().map(|a| a.rho).collect());
+        let _ = writeln!(
+            csv,
+            "{x},{liar_completion:.4},{others_completion:.4},{liar_rho:.6},{others_rho:.6},{:.4},{:.4},{:.6},{:.6}",
+            get(|a| a.gpu_seconds) / HOURS,
+            mean(others.iter().map(|a| a.gpu_seconds).collect()) / HOURS,
+            get(|a| a.placement_score),
+            mean(others.iter().map(|a| a.placement_score).collect()),
+        );
+        liar_series.points.push((x, liar_completion));
+        others_series.points.push((x, others_completion));
+        let _ = writeln!(
+            summary,
+            "lie {x}%: liar completion {liar_completion:.3} h (rho {liar_rho:.3}), truthful mean {others_completion:.3} h (rho {others_rho:.3})"
+        );
+    }
+    out.csv("liar.csv", &csv)?;
+    out.lines(
+        "fig18-liar.svg",
+        &LineChart {
+            title: "Strategic lying: completion time (64 GPUs, 8 apps)",
+            x_label: "slowdown exaggeration X (%)",
+            y_label: "app completion time (hours)",
+            markers: true,
+            steps: false,
+        },
+        &[liar_series, others_series],
+    )?;
+    Ok(summary)
+}
+
+fn sensitivity(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
+    let cluster = cluster_256()?;
+    let workload = generate::workload2(&scale.generator())?;
+    let knobs = [0.2, 0.5, 0.8, 0.95];
+    let leases = [5u64, 10, 20];
+    let runs: Vec<Run<'_>> = leases
+        .iter()
+        .flat_map(|&lease| {
+            let (cluster, workload) = (&cluster, &workload);
+            knobs.iter().map(move |&f| {
+                let mut config = config(Policy::Themis);
+                config.market.fairness_knob = f;
+                config.market.lease_length = Duration::from_secs(lease * 60);
+                Run {
+                    label: format!("f {f}/lease {lease} min"),
+                    cluster,
+                    workload,
+                    config,
+                }
+            })
+        })
+        .collect();
+    let reports = simulate_all(&runs, scale.threads)?;
+    let mut csv =
+        String::from("fairness_knob,lease_minutes,max_rho,total_gpu_hours,unfinished_apps\n");
+    let mut rho = Vec::new();
+    let mut gpu = Vec::new();
+    let mut summary = String::new();
+    for (i, lease) in leases.iter().enumerate() {
+        let mut rho_line = Series::new(format!("lease {lease} min"), Vec::new());
+        let mut gpu_line = rho_line.clone();
+        for (j, f) in knobs.iter().enumerate() {
+            let s = &reports[i * knobs.len() + j].summary;
+            let hours = s.total_gpu_seconds / HOURS;
+            let _ = writeln!(
+                csv,
+                "{f},{lease},{:.6},{hours:.3},{}",
+                s.max_rho, s.unfinished_apps
+            );
+            rho_line.points.push((*f, s.max_rho));
+            gpu_line.points.push((*f, hours));
+        }
+        let _ = writeln!(
+            summary,
+            "lease {lease} min: {}",
+            rho_line
+                .points
+                .iter()
+                .zip(&gpu_line.points)
+                .map(|((f, r), (_, g))| format!("f {f}: max rho {r:.2}, {g:.1} GPU h"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+        rho.push(rho_line);
+        gpu.push(gpu_line);
+    }
+    out.csv("sensitivity.csv", &csv)?;
+    out.lines(
+        "fig19a-sensitivity-max-rho.svg",
+        &LineChart {
+            title: "Themis: max rho vs fairness knob f, workload2",
+            x_label: "fairness knob f",
+            y_label: "max rho",
+            markers: true,
+            steps: false,
+        },
+        &rho,
+    )?;
+    out.lines(
+        "fig19b-sensitivity-gpu-time.svg",
+        &LineChart {
+            title: "Themis: GPU time vs fairness knob f, workload2",
+            x_label: "fairness knob f",
+            y_label: "GPU hours",
+            markers: true,
+            steps: false,
+        },
+        &gpu,
+    )?;
+    Ok(summary)
+}
