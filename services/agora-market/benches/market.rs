@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use agora_market::auction::{run_auction, AppBid};
+use agora_market::auction::AppBid;
 use agora_market::market::Market;
 use criterion::{Criterion, SamplingMode};
 
@@ -51,9 +51,10 @@ fn record(id: &str, samples: Vec<Duration>) {
 fn settings(spec: &ScenarioSpec) -> (usize, Duration, Duration) {
     match spec.gpus {
         0..=64 => (20, Duration::from_secs(4), Duration::from_secs(1)),
-        65..=256 => (20, Duration::from_secs(6), Duration::from_secs(1)),
-        257..=1024 => (10, Duration::from_secs(10), Duration::from_secs(1)),
-        _ => (10, Duration::from_secs(20), Duration::from_secs(1)),
+        65..=256 => (20, Duration::from_secs(10), Duration::from_secs(1)),
+        257..=1024 => (10, Duration::from_secs(30), Duration::from_secs(1)),
+        // A round takes seconds here: one round per sample, the minimum criterion allows.
+        _ => (10, Duration::from_secs(60), Duration::from_secs(1)),
     }
 }
 
@@ -161,22 +162,33 @@ fn millis(duration: Duration) -> f64 {
 
 /// One round per snapshot, split into its phases: cloning the market (not part of the measured
 /// round), opening the round (rho of every app, sort, offer and placement index), every bidder's
-/// bid, the auction alone (PF program, payments, settling), and the rest of closing the round
-/// (validation, the same auction again, leftovers, leases).
+/// bid, and closing the round with those bids (validation, the auction: PF program, payments
+/// and settling; leftovers; leases). The auction is nearly all of closing: leftovers and leases
+/// take well under a millisecond even at 4096 GPUs.
+///
+/// Not inlined, so that a profiler can single it out (`valgrind --tool=callgrind
+/// --toggle-collect=market::breakdown`): its rounds are deterministic.
+#[inline(never)]
 fn breakdown(scenario: &Scenario) -> String {
     let mut text = String::new();
     let spec = scenario.spec;
     let stats = scenario.stats();
     let _ = writeln!(
         text,
-        "{}: {} GPUs, {} apps, f = {}, {} snapshots",
+        "{}: {} GPUs, {} apps, f = {}, {} snapshots ({} broken down)",
         spec.name,
         spec.gpus,
         spec.apps,
         spec.fairness_knob,
-        scenario.snapshots.len()
+        scenario.snapshots.len(),
+        spec.breakdown_rounds.min(scenario.snapshots.len())
     );
-    for (index, (snapshot, stats)) in scenario.snapshots.iter().zip(&stats).enumerate() {
+    let rounds = scenario
+        .snapshots
+        .iter()
+        .zip(&stats)
+        .take(spec.breakdown_rounds);
+    for (index, (snapshot, stats)) in rounds.enumerate() {
         let started = Instant::now();
         let mut market = snapshot.market.clone();
         let clone = started.elapsed();
@@ -194,25 +206,30 @@ fn breakdown(scenario: &Scenario) -> String {
         let bidding = started.elapsed();
 
         let started = Instant::now();
-        let auction = run_auction(&round.offer.offer, &bids, 7).expect("valid auction");
-        let auction_alone = started.elapsed();
-        let winners = auction
+        let outcome = market.close_round(round, bids, 7).expect("valid round");
+        let close = started.elapsed();
+        let auction = &outcome
+            .auction
+            .as_ref()
+            .expect("a Themis round runs the auction")
+            .outcome;
+        let pf_winners = auction
+            .pf_gpus
+            .values()
+            .filter(|gpus| !gpus.is_empty())
+            .count();
+        let keepers = auction
             .allocation
             .values()
             .filter(|gpus| !gpus.is_empty())
             .count();
         let paying = auction.c.values().filter(|&&share| share < 1.0).count();
 
-        let started = Instant::now();
-        market.close_round(round, bids, 7).expect("valid round");
-        let close = started.elapsed();
-
         let _ = writeln!(
             text,
             "  snapshot {index} (t = {} s): {} free GPUs offered, {} active leases, {} bidders, \
-             {} bid entries, {winners} winners, {paying} paying c < 1 | clone {:.2} ms, \
-             open_round {:.2} ms, bids {:.2} ms, run_auction {:.2} ms, close_round {:.2} ms \
-             (of which leftovers+leases ~{:.2} ms)",
+             {} bid entries; {pf_winners} PF winners, {paying} with c < 1, {keepers} keep GPUs | \
+             clone {:.2} ms, open_round {:.2} ms, bids {:.2} ms, close_round {:.2} ms",
             snapshot.now.0 / 1000,
             stats.free_gpus,
             stats.active_leases,
@@ -221,9 +238,7 @@ fn breakdown(scenario: &Scenario) -> String {
             millis(clone),
             millis(open),
             millis(bidding),
-            millis(auction_alone),
             millis(close),
-            millis(close.saturating_sub(auction_alone)),
         );
     }
     text
