@@ -89,6 +89,7 @@ pub struct JobInfo {
 
 /// One training job of an app.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Job {
     pub id: String,
     pub total_iterations: u64,
@@ -141,6 +142,7 @@ pub trait PerformanceCurveAgent {
 /// A successive-halving search (Hyperband, Vizier): phase p runs `jobs_per_phase[p]` jobs for
 /// `phase_iterations[p]` more iterations each; the rest are stopped at the phase's end.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SuccessiveHalving {
     pub budget_gpu_seconds: f64,
     pub phase_iterations: Vec<u64>,
@@ -213,11 +215,13 @@ impl SuccessiveHalvingAgent for SuccessiveHalving {
 /// A search whose HPO framework stops each job at an iteration it predicts from the job's
 /// learning curve (Hyperdrive, Vizier).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PerformanceCurve {
     pub jobs: Vec<CurveJob>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CurveJob {
     pub job: Job,
     /// The iteration at which the job is predicted to stop, taking the pessimistic end of the
@@ -430,6 +434,14 @@ mod tests {
         assert_eq!(slowdown.at(Locality::CrossRack), 2.5);
         assert_eq!(slowdown.at(Locality::SameMachine), 1.0);
         assert_eq!(slowdown.at(Locality::SameRack), 1.1);
+    }
+
+    #[test]
+    fn misspelt_job_fields_are_rejected() {
+        let json = r#"{"id": "a", "kind": "single_job", "job": {"id": "j", "total_iterations": 10,
+            "serial_iteration_time": 1.0, "max_gpu": 2}}"#;
+        let error = serde_json::from_str::<App>(json).expect_err("max_gpu is a typo of max_gpus");
+        assert!(error.to_string().contains("max_gpu"), "{error}");
     }
 
     #[test]
