@@ -261,7 +261,7 @@ impl PerformanceCurveAgent for PerformanceCurve {
 
 /// The three kinds of app the engine estimates finish times for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AppKind {
     SingleJob { job: Job },
     SuccessiveHalving(SuccessiveHalving),
@@ -442,6 +442,15 @@ mod tests {
             "serial_iteration_time": 1.0, "max_gpu": 2}}"#;
         let error = serde_json::from_str::<App>(json).expect_err("max_gpu is a typo of max_gpus");
         assert!(error.to_string().contains("max_gpu"), "{error}");
+    }
+
+    #[test]
+    fn misspelt_app_fields_are_rejected() {
+        let json = r#"{"id": "a", "kind": "single_job", "jobs": [], "job": {"id": "j",
+            "total_iterations": 10, "serial_iteration_time": 1.0, "max_gpus": 2}}"#;
+        let error =
+            serde_json::from_str::<App>(json).expect_err("jobs is not a field of a single job");
+        assert!(error.to_string().contains("jobs"), "{error}");
     }
 
     #[test]
