@@ -303,6 +303,11 @@ impl<'a, 'i> Program<'a, 'i> {
         model.set_threads(NonZeroU32::MIN);
         model.set_option("mip_rel_gap", 0.0);
         model.set_option("mip_abs_gap", 1e-9);
+        // Profiled (BENCHMARKS.md): on these small packing programs presolve and two root
+        // heuristics cost more than they save; feasibility jump has a fixed effort floor.
+        model.set_option("presolve", "off");
+        model.set_option("mip_heuristic_run_feasibility_jump", false);
+        model.set_option("mip_heuristic_run_root_reduced_cost", false);
         let solved = model.try_solve().map_err(|status| AuctionError::Solver {
             program,
             detail: format!("{status:?}"),
