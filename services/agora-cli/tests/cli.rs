@@ -7,9 +7,12 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{json, Value};
+
+mod support;
+
+use support::{successful_stdout, unique_temp_path};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
@@ -41,13 +44,7 @@ struct TempFile(PathBuf);
 
 impl TempFile {
     fn new(label: &str, contents: &str) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "agora-cli-test-{}-{}-{label}.json",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        let path = std::env::temp_dir().join(name);
+        let path = unique_temp_path("agora-cli-test", &format!("{label}.json"));
         std::fs::write(&path, contents).expect("the temporary directory is writable");
         Self(path)
     }
@@ -64,18 +61,7 @@ impl Drop for TempFile {
 }
 
 fn stdout_json(output: &Output) -> Value {
-    assert!(
-        output.status.success(),
-        "agora failed with {:?}: {}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.stderr.is_empty(),
-        "unexpected stderr: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("stdout is JSON")
+    serde_json::from_slice(successful_stdout(output)).expect("stdout is JSON")
 }
 
 /// Two apps, one GPU. PF objective (product of v = 1/rho, v = 1/rho_old for losers):

@@ -5,9 +5,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
+
+mod support;
+
+use support::{successful_stdout, unique_temp_path};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
@@ -68,13 +71,7 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(label: &str) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "agora-simulate-test-{}-{}-{label}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        let path = std::env::temp_dir().join(name);
+        let path = unique_temp_path("agora-simulate-test", label);
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).expect("the temporary directory is writable");
         Self(path)
@@ -102,19 +99,7 @@ impl Drop for TempDir {
 }
 
 fn stdout_of_success(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "agora failed with {:?}: {}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    // Standard error is not a terminal here: no progress bar.
-    assert!(
-        output.stderr.is_empty(),
-        "unexpected stderr: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout.clone()).expect("stdout is UTF-8")
+    String::from_utf8(successful_stdout(output).to_vec()).expect("stdout is UTF-8")
 }
 
 /// The table's rows (after the header), split into cells.

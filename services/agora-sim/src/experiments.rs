@@ -279,6 +279,22 @@ fn simulate_all(
         .collect()
 }
 
+/// One run per policy for each (label, cluster, workload), labelled `label/policy`.
+fn every_policy<'a>(
+    points: impl Iterator<Item = (String, &'a Cluster, &'a Workload)>,
+) -> Vec<Run<'a>> {
+    points
+        .flat_map(|(label, cluster, workload)| {
+            Policy::ALL.into_iter().map(move |policy| Run {
+                label: format!("{label}/{policy}"),
+                cluster,
+                workload,
+                config: config(policy),
+            })
+        })
+        .collect()
+}
+
 fn config(policy: Policy) -> SimulationConfig {
     SimulationConfig {
         market: MarketConfig {
@@ -336,18 +352,11 @@ fn run_macrobenchmarks(scale: ExperimentScale) -> Result<Macro, ExperimentError>
         ("workload1", generate::workload1(&generator)?),
         ("workload2", generate::workload2(&generator)?),
     ];
-    let runs: Vec<Run<'_>> = workloads
-        .iter()
-        .flat_map(|(label, workload)| {
-            let cluster = &cluster;
-            Policy::ALL.into_iter().map(move |policy| Run {
-                label: format!("{label}/{policy}"),
-                cluster,
-                workload,
-                config: config(policy),
-            })
-        })
-        .collect();
+    let runs = every_policy(
+        workloads
+            .iter()
+            .map(|(label, workload)| (label.to_string(), &cluster, workload)),
+    );
     let mut reports = simulate_all(&runs, scale.threads)?.into_iter();
     Ok(Macro {
         workloads: workloads
@@ -563,19 +572,12 @@ fn contention(out: &mut Output, scale: ExperimentScale) -> Result<String, Experi
         .iter()
         .map(|&f| Ok(Cluster::from_spec(&clusters::scale_cluster(&spec, f)?)?))
         .collect::<Result<_, ExperimentError>>()?;
-    let runs: Vec<Run<'_>> = clusters
-        .iter()
-        .zip(fractions)
-        .flat_map(|(cluster, fraction)| {
-            let workload = &workload;
-            Policy::ALL.into_iter().map(move |policy| Run {
-                label: format!("cluster x{fraction}/{policy}"),
-                cluster,
-                workload,
-                config: config(policy),
-            })
-        })
-        .collect();
+    let runs = every_policy(
+        clusters
+            .iter()
+            .zip(fractions)
+            .map(|(cluster, fraction)| (format!("cluster x{fraction}"), cluster, &workload)),
+    );
     let reports = simulate_all(&runs, scale.threads)?;
     let contention: Vec<f64> = fractions.iter().map(|f| 1.0 / f).collect();
     let (csv, rho, _) = sweep_csv_and_charts("contention", &contention, &Policy::ALL, &reports);
@@ -621,19 +623,12 @@ fn network(out: &mut Output, scale: ExperimentScale) -> Result<String, Experimen
             })
         })
         .collect::<Result<_, _>>()?;
-    let runs: Vec<Run<'_>> = workloads
-        .iter()
-        .zip(fractions)
-        .flat_map(|(workload, fraction)| {
-            let cluster = &cluster;
-            Policy::ALL.into_iter().map(move |policy| Run {
-                label: format!("network {fraction}/{policy}"),
-                cluster,
-                workload,
-                config: config(policy),
-            })
-        })
-        .collect();
+    let runs = every_policy(
+        workloads
+            .iter()
+            .zip(fractions)
+            .map(|(workload, fraction)| (format!("network {fraction}"), &cluster, workload)),
+    );
     let reports = simulate_all(&runs, scale.threads)?;
     let (csv, rho, gpu) = sweep_csv_and_charts(
         "network_intensive_fraction",
