@@ -110,6 +110,34 @@ impl Job {
         !self.stopped && self.completed_iterations < self.total_iterations
     }
 
+    fn validate(&self) -> Result<(), String> {
+        if self.total_iterations == 0 {
+            return Err("total_iterations must be at least 1".to_owned());
+        }
+        if !(self.serial_iteration_time.is_finite() && self.serial_iteration_time > 0.0) {
+            return Err(format!(
+                "serial_iteration_time must be positive and finite, got {}",
+                self.serial_iteration_time
+            ));
+        }
+        if self.max_gpus == 0 {
+            return Err("max_gpus must be at least 1".to_owned());
+        }
+        let slowdown = self.slowdown;
+        let levels = [
+            slowdown.same_slot,
+            slowdown.same_machine,
+            slowdown.same_rack,
+            slowdown.cross_rack,
+        ];
+        if levels.iter().any(|&s| !(s.is_finite() && s >= 1.0)) {
+            return Err(format!(
+                "slowdowns must be finite and >= 1, got {slowdown:?}"
+            ));
+        }
+        Ok(())
+    }
+
     fn info(&self, iterations_remaining: f64) -> JobInfo {
         JobInfo {
             iterations_remaining,
@@ -319,6 +347,48 @@ impl App {
     /// The most GPUs the app can use right now: the sum of its running jobs' demands.
     pub fn current_demand(&self) -> u32 {
         self.running_jobs().iter().map(|job| job.max_gpus).sum()
+    }
+
+    /// Every job of the app, stopped and finished ones included.
+    pub fn jobs(&self) -> Vec<&Job> {
+        match &self.kind {
+            AppKind::SingleJob { job } => vec![job],
+            AppKind::SuccessiveHalving(search) => search.jobs.iter().collect(),
+            AppKind::PerformanceCurve(search) => {
+                search.jobs.iter().map(|curve| &curve.job).collect()
+            }
+        }
+    }
+
+    /// Checks what the types cannot: distinct job ids; per job positive iterations and
+    /// iteration times, at least one GPU and slowdowns >= 1; a consistent successive-halving
+    /// plan; and at least one job left to run.
+    pub fn validate(&self) -> Result<(), String> {
+        if let AppKind::SuccessiveHalving(search) = &self.kind {
+            if search.phase_iterations.is_empty()
+                || search.phase_iterations.len() != search.jobs_per_phase.len()
+            {
+                return Err(
+                    "phase_iterations and jobs_per_phase must be non-empty and of equal length"
+                        .to_owned(),
+                );
+            }
+            if !(search.budget_gpu_seconds.is_finite() && search.budget_gpu_seconds > 0.0) {
+                return Err("budget_gpu_seconds must be positive".to_owned());
+            }
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for job in self.jobs() {
+            if !ids.insert(job.id.as_str()) {
+                return Err(format!("job id `{}` appears twice", job.id));
+            }
+            job.validate()
+                .map_err(|reason| format!("job `{}`: {reason}", job.id))?;
+        }
+        if self.running_jobs().is_empty() {
+            return Err("has no job left to run".to_owned());
+        }
+        Ok(())
     }
 
     pub fn is_finished(&self) -> bool {

@@ -39,6 +39,13 @@ pub struct Lease {
     pub ended_at: Option<Timestamp>,
 }
 
+impl Lease {
+    /// GPU-seconds the lease has held its GPUs from its start until `until`.
+    pub fn gpu_seconds_until(&self, until: Timestamp) -> f64 {
+        self.gpus.len() as f64 * until.saturating_since(self.start).as_secs_f64()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LeaseError {
     #[error("GPU {gpu:?} is already held by active lease {holder:?}")]
@@ -115,6 +122,11 @@ impl LeaseBook {
             ..lease
         });
         Ok(())
+    }
+
+    /// New leases get ids from `next` on (or later, if ids beyond it are already taken).
+    pub fn issue_ids_from(&mut self, next: LeaseId) {
+        self.next_id = self.next_id.max(next.0);
     }
 
     fn insert(&mut self, lease: Lease) {

@@ -2,7 +2,8 @@
 //!
 //! It implements Themis (NSDI'20): finish-time fairness ([`fairness`]), the agent's bids
 //! ([`bids`]), the arbiter's partial-allocation auction ([`auction`]), leftovers
-//! ([`leftover`]), leases ([`lease`]) and the round-by-round mechanism ([`market`]).
+//! ([`leftover`]), leases ([`lease`]) and the round-by-round mechanism ([`market`]), whose
+//! decision ([`round`]) can be replayed from the inputs each round records.
 //!
 //! The engine does no I/O and reads no clock: time (`now`) and randomness (`seed`) are inputs,
 //! so the same inputs give the same outputs. The simulator and the live service drive this same
@@ -17,7 +18,9 @@ pub mod lease;
 pub mod leftover;
 pub mod market;
 pub mod policy;
+pub mod progress;
 pub mod rho;
+pub mod round;
 pub mod time;
 pub mod topology;
 

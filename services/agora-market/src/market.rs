@@ -7,13 +7,12 @@
 //! bid, the auction decides, the leftovers go to the other apps, and every allocation becomes a
 //! lease of length L. A round is split in two ([`Market::open_round`] and
 //! [`Market::close_round`]) so that agents living elsewhere (HPO frameworks over HTTP) can bid
-//! in between; [`Market::run_round`] does both with the engine's own agents.
+//! in between; [`Market::run_round`] does both with the engine's own agents. The decision
+//! itself is [`crate::round::decide_round`], a pure function of the inputs a round records.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::app::{App, AppId};
@@ -22,9 +21,10 @@ use crate::baselines::{self, Contender, RoundView};
 use crate::bids::{generate_bid, BidConfig, PreparedOffer};
 use crate::fairness::{rho, ContentionTracker, FairnessContext};
 use crate::lease::{Lease, LeaseBook, LeaseError, LeaseId};
-use crate::leftover::{hand_out_at_random, hand_out_in_order, LeftoverPolicy, Recipient};
+use crate::leftover::{LeftoverPolicy, Recipient};
 use crate::policy::Policy;
 use crate::rho::{rho_old_sort_key, RhoOld};
+use crate::round::{decide_round, decide_with, merge, offered_subset, Grants, RoundInputs};
 use crate::time::Timestamp;
 use crate::topology::{Cluster, GpuId, GpuIndex, GpuLocation};
 
@@ -66,6 +66,17 @@ pub enum MarketError {
     NotABidder(AppId),
     #[error("GPU {0} changed hands since the round was opened; open a new round")]
     StaleOffer(GpuId),
+    #[error(
+        "the reauction-next-worst leftover policy is only available to the simulator: its \
+         leftover bids come from the engine's agents, not from the recorded round inputs; use \
+         random-to-non-bidders for rounds that must be replayed"
+    )]
+    ReauctionNotReplayable,
+    #[error(
+        "GPU index {} is outside the cluster; restore leases onto the cluster that granted them",
+        .0.0
+    )]
+    GpuOutsideCluster(GpuIndex),
     #[error(transparent)]
     Lease(#[from] LeaseError),
     #[error(transparent)]
@@ -112,7 +123,7 @@ pub struct RoundOffer {
     pub standings: Vec<Standing>,
 }
 
-/// Everything a round decided, with the inputs needed to recompute it.
+/// Everything a round decided, with the inputs needed to recompute it ([`Self::inputs`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RoundOutcome {
     pub now: Timestamp,
@@ -120,6 +131,13 @@ pub struct RoundOutcome {
     pub offer: Offer,
     pub policy: Policy,
     pub standings: Vec<Standing>,
+    /// The apps invited to bid, worst rho first; empty under a baseline policy.
+    pub bidders: Vec<AppId>,
+    /// Where each app's leased GPUs were when the round was decided; apps holding none are
+    /// left out.
+    pub holds: BTreeMap<AppId, Vec<GpuLocation>>,
+    /// The configured leftover policy (only Themis rounds have leftovers).
+    pub leftover_policy: LeftoverPolicy,
     /// The bids and the auction's decision; `None` under a baseline policy.
     pub auction: Option<AuctionRecord>,
     /// GPUs handed out after the auction, by the leftover policy and then to any app with
@@ -133,6 +151,40 @@ pub struct RoundOutcome {
 pub struct AuctionRecord {
     pub bids: Vec<AppBid>,
     pub outcome: AuctionOutcome,
+}
+
+impl RoundOutcome {
+    /// What [`decide_round`] needs to recompute this round's decision: store it to audit the
+    /// round. `None` for a baseline round, which runs no auction.
+    pub fn inputs(&self) -> Option<RoundInputs> {
+        let auction = self.auction.as_ref()?;
+        Some(RoundInputs {
+            now: self.now,
+            seed: self.seed,
+            offer: self.offer.clone(),
+            bidders: self.bidders.clone(),
+            standings: self.standings.clone(),
+            holds: self.holds.clone(),
+            bids: auction.bids.clone(),
+            leftover_policy: self.leftover_policy,
+        })
+    }
+}
+
+/// A snapshot of one app for its agent: its jobs, where its GPUs are and its fairness context.
+#[derive(Debug, Clone)]
+pub struct BidInputs {
+    pub app: App,
+    pub held: Vec<GpuLocation>,
+    pub context: FairnessContext,
+    pub config: BidConfig,
+}
+
+impl BidInputs {
+    /// The agent's bid (Themis §3.3.1): rho_old and the best bundles of `offer`.
+    pub fn bid(&self, offer: &PreparedOffer) -> AppBid {
+        generate_bid(&self.app, &self.held, offer, &self.context, &self.config)
+    }
 }
 
 impl Market {
@@ -203,6 +255,88 @@ impl Market {
         Ok(())
     }
 
+    /// Restores an app after a restart, with its recorded `arrival` and the GPU-seconds of its
+    /// leases that had already ended; restore its active leases with [`Self::restore_lease`].
+    ///
+    /// How contended the cluster was before the restart is not recorded: it is rebuilt from
+    /// the restored apps' arrivals, as if no app had left before the restart. That is exact
+    /// when none had (all apps arriving together, say); otherwise the apps that finished
+    /// before the restart are forgotten and N_avg comes out lower. Each call rebuilds the
+    /// history of every app in the market, so restore all apps at the same `now`, before
+    /// adding new apps or running a round.
+    pub fn restore_app(
+        &mut self,
+        app: App,
+        arrival: Timestamp,
+        ended_gpu_seconds: f64,
+        now: Timestamp,
+    ) -> Result<(), MarketError> {
+        if self.participants.contains_key(&app.id) {
+            return Err(MarketError::DuplicateApp(app.id));
+        }
+        let participant = Participant {
+            app,
+            arrival,
+            contention_at_arrival: 0.0,
+            ended_gpu_seconds,
+        };
+        self.participants
+            .insert(participant.app.id.clone(), participant);
+        self.replay_arrivals(now);
+        Ok(())
+    }
+
+    /// Rebuilds the contention history from the apps' arrivals, as if none had left: the
+    /// same steps [`Self::add_app`] took when they arrived.
+    fn replay_arrivals(&mut self, now: Timestamp) {
+        let active_apps = self.participants.len() as u32;
+        let mut by_arrival: Vec<&mut Participant> = self.participants.values_mut().collect();
+        by_arrival.sort_by_key(|participant| participant.arrival);
+        let mut contention = ContentionTracker::default();
+        for (earlier, participant) in by_arrival.into_iter().enumerate() {
+            contention.set_active_apps(participant.arrival, earlier as u32 + 1);
+            participant.contention_at_arrival = contention.integral_at(participant.arrival);
+        }
+        contention.set_active_apps(now, active_apps);
+        self.contention = contention;
+    }
+
+    /// Restores an active lease after a restart, keeping its id. Its app must be restored
+    /// first, and its GPUs must be in the cluster and in no other active lease.
+    pub fn restore_lease(&mut self, lease: Lease) -> Result<(), MarketError> {
+        if !self.participants.contains_key(&lease.app) {
+            return Err(MarketError::UnknownApp(lease.app));
+        }
+        if let Some(&gpu) = lease
+            .gpus
+            .iter()
+            .find(|gpu| gpu.get() >= self.cluster.len())
+        {
+            return Err(MarketError::GpuOutsideCluster(gpu));
+        }
+        Ok(self.leases.restore(lease)?)
+    }
+
+    /// After a restart: new leases get ids from `next` on, so they do not clash with recorded
+    /// leases that ended before it (restoring a lease only reserves the ids up to its own).
+    pub fn issue_lease_ids_from(&mut self, next: LeaseId) {
+        self.leases.issue_ids_from(next);
+    }
+
+    /// When the app arrived, to record so it can be restored.
+    pub fn arrival(&self, id: &AppId) -> Option<Timestamp> {
+        self.participants
+            .get(id)
+            .map(|participant| participant.arrival)
+    }
+
+    /// GPU-seconds of the app's leases that have ended, to record so it can be restored.
+    pub fn ended_gpu_seconds(&self, id: &AppId) -> Option<f64> {
+        self.participants
+            .get(id)
+            .map(|participant| participant.ended_gpu_seconds)
+    }
+
     /// The app is done (or withdrawn): its leases end and it leaves the market.
     pub fn remove_app(&mut self, id: &AppId, now: Timestamp) -> Result<Vec<Lease>, MarketError> {
         self.participants
@@ -246,6 +380,10 @@ impl Market {
         Some(revoked)
     }
 
+    pub fn is_healthy(&self, gpu: GpuIndex) -> bool {
+        !self.unhealthy.contains(&gpu)
+    }
+
     /// Healthy GPUs that no active lease holds.
     pub fn free_gpus(&self) -> Vec<GpuIndex> {
         self.cluster
@@ -259,6 +397,15 @@ impl Market {
         self.leases
             .leases_of(app)
             .flat_map(|lease| lease.gpus.iter().map(|&gpu| self.cluster.location(gpu)))
+            .collect()
+    }
+
+    /// Where each active app holds GPUs, for the apps that hold any.
+    fn holds(&self) -> BTreeMap<AppId, Vec<GpuLocation>> {
+        self.participants
+            .keys()
+            .map(|app| (app.clone(), self.held_locations(app)))
+            .filter(|(_, held)| !held.is_empty())
             .collect()
     }
 
@@ -340,69 +487,64 @@ impl Market {
 
     /// The engine's agent: the bid `app` makes for `offer` from what its framework reported.
     pub fn agent_bid(&self, offer: &RoundOffer, app: &AppId) -> Result<AppBid, MarketError> {
+        Ok(self.bid_inputs(offer, app)?.bid(&offer.offer))
+    }
+
+    /// What an agent elsewhere (the service's app agents) needs to bid for `app` on `offer`.
+    pub fn bid_inputs(&self, offer: &RoundOffer, app: &AppId) -> Result<BidInputs, MarketError> {
         let participant = self
             .participants
             .get(app)
             .ok_or_else(|| MarketError::UnknownApp(app.clone()))?;
-        let context = self.fairness_context(participant, offer.now);
-        Ok(generate_bid(
-            &participant.app,
-            &self.held_locations(app),
-            &offer.offer,
-            &context,
-            &self.config.bids,
-        ))
+        Ok(BidInputs {
+            app: participant.app.clone(),
+            held: self.held_locations(app),
+            context: self.fairness_context(participant, offer.now),
+            config: self.config.bids,
+        })
     }
 
-    /// The allocation phase: runs the auction on `bids`, hands out the leftovers and grants
-    /// the leases. Fails, changing nothing, if the bids are invalid or the offer is stale.
+    /// The allocation phase: decides the round from `bids` (the auction, then the leftovers)
+    /// and grants the leases. Fails, changing nothing, if the bids are invalid or the offer is
+    /// stale.
     pub fn close_round(
         &mut self,
         round: RoundOffer,
         bids: Vec<AppBid>,
         seed: u64,
     ) -> Result<RoundOutcome, MarketError> {
-        if let Some(bid) = bids.iter().find(|bid| !round.bidders.contains(&bid.app)) {
-            return Err(MarketError::NotABidder(bid.app.clone()));
-        }
         let offered = self.offered_indices(&round.offer.offer)?;
-        let auction = run_auction(&round.offer.offer, &bids, seed)?;
-        let mut leftover = offered_subset(&round.offer.offer, &auction.unallocated);
-        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ LEFTOVER_STREAM);
-        let mut granted: BTreeMap<AppId, Vec<GpuId>> = auction
-            .allocation
-            .iter()
-            .filter(|(_, gpus)| !gpus.is_empty())
-            .map(|(a, g)| (a.clone(), g.clone()))
-            .collect();
-        let mut leftover_grants = BTreeMap::new();
-        let non_bidders = self.recipients(&round, &granted, |app| !round.bidders.contains(app));
-        let by_policy = match self.config.leftover_policy {
-            LeftoverPolicy::RandomToNonBidders => {
-                hand_out_at_random(&mut leftover, non_bidders, &mut rng)
-            }
-            LeftoverPolicy::ReauctionNextWorst => {
-                self.reauction(&round, non_bidders, &mut leftover, seed)?
-            }
-        };
-        merge(&mut leftover_grants, by_policy.clone());
-        merge(&mut granted, by_policy);
-        let anyone = self.recipients(&round, &granted, |_| true);
-        let sweep = hand_out_in_order(&mut leftover, &anyone);
-        merge(&mut leftover_grants, sweep.clone());
-        merge(&mut granted, sweep);
-        let leases = self.grant_leases(&granted, &offered, round.now)?;
-        Ok(RoundOutcome {
+        let inputs = RoundInputs {
             now: round.now,
             seed,
             offer: round.offer.offer,
-            policy: Policy::Themis,
+            bidders: round.bidders,
+            holds: self.holds(),
             standings: round.standings,
+            bids,
+            leftover_policy: self.config.leftover_policy,
+        };
+        let decision = match inputs.leftover_policy {
+            LeftoverPolicy::RandomToNonBidders => decide_round(&inputs)?,
+            LeftoverPolicy::ReauctionNextWorst => decide_with(&inputs, |leftover, non_bidders| {
+                self.reauction(&inputs, non_bidders, leftover)
+            })?,
+        };
+        let leases = self.grant_leases(&decision.grants, &offered, inputs.now)?;
+        Ok(RoundOutcome {
+            now: inputs.now,
+            seed,
+            offer: inputs.offer,
+            policy: Policy::Themis,
+            standings: inputs.standings,
+            bidders: inputs.bidders,
+            holds: inputs.holds,
+            leftover_policy: inputs.leftover_policy,
             auction: Some(AuctionRecord {
-                bids,
-                outcome: auction,
+                bids: inputs.bids,
+                outcome: decision.auction,
             }),
-            leftover_grants,
+            leftover_grants: decision.leftover_grants,
             leases,
         })
     }
@@ -438,6 +580,7 @@ impl Market {
             return None;
         }
         let offer = Offer::from_cluster(&self.cluster, &free);
+        let holds = self.holds();
         let contenders = standings
             .iter()
             .filter(|standing| standing.unmet_demand > 0)
@@ -445,7 +588,7 @@ impl Market {
                 let participant = &self.participants[&standing.app];
                 Contender {
                     app: &participant.app,
-                    holds: self.held_locations(&standing.app),
+                    holds: holds.get(&standing.app).cloned().unwrap_or_default(),
                     unmet_demand: standing.unmet_demand,
                     attained_gpu_seconds: self.attained_gpu_seconds(participant, now),
                     fairness: self.fairness_context(participant, now),
@@ -472,6 +615,9 @@ impl Market {
                     offer,
                     policy: self.config.policy,
                     standings,
+                    bidders: Vec::new(),
+                    holds,
+                    leftover_policy: self.config.leftover_policy,
                     auction: None,
                     leftover_grants: BTreeMap::new(),
                     leases,
@@ -484,7 +630,7 @@ impl Market {
         let running: f64 = self
             .leases
             .leases_of(&participant.app.id)
-            .map(|lease| lease.gpus.len() as f64 * now.saturating_since(lease.start).as_secs_f64())
+            .map(|lease| lease.gpu_seconds_until(now))
             .sum();
         participant.ended_gpu_seconds + running
     }
@@ -495,8 +641,7 @@ impl Market {
             if let (Some(participant), Some(ended_at)) =
                 (self.participants.get_mut(&lease.app), lease.ended_at)
             {
-                participant.ended_gpu_seconds +=
-                    lease.gpus.len() as f64 * ended_at.saturating_since(lease.start).as_secs_f64();
+                participant.ended_gpu_seconds += lease.gpu_seconds_until(ended_at);
             }
         }
     }
@@ -517,38 +662,15 @@ impl Market {
             .collect()
     }
 
-    /// Apps chosen by `eligible` that still want GPUs after `granted`, worst rho first.
-    fn recipients(
-        &self,
-        round: &RoundOffer,
-        granted: &BTreeMap<AppId, Vec<GpuId>>,
-        eligible: impl Fn(&AppId) -> bool,
-    ) -> Vec<Recipient> {
-        round
-            .standings
-            .iter()
-            .filter(|standing| eligible(&standing.app))
-            .filter_map(|standing| {
-                let got = granted.get(&standing.app).map_or(0, Vec::len);
-                let unmet_demand = standing.unmet_demand.saturating_sub(got);
-                (unmet_demand > 0).then(|| Recipient {
-                    app: standing.app.clone(),
-                    unmet_demand,
-                    holds: self.held_locations(&standing.app),
-                })
-            })
-            .collect()
-    }
-
     /// The authors' simulator's leftover rule: auction the leftovers among the next-worst
-    /// ceil((1-f)*N) non-bidders, again and again, until nothing or nobody is left.
+    /// ceil((1-f)*N) non-bidders, again and again, until nothing or nobody is left. The
+    /// engine's agents bid, so this cannot be replayed from a round's recorded inputs.
     fn reauction(
         &self,
-        round: &RoundOffer,
+        round: &RoundInputs,
         mut candidates: Vec<Recipient>,
         leftover: &mut Vec<OfferedGpu>,
-        seed: u64,
-    ) -> Result<BTreeMap<AppId, Vec<GpuId>>, MarketError> {
+    ) -> Result<Grants, MarketError> {
         let batch = ((1.0 - self.config.fairness_knob) * round.standings.len() as f64)
             .ceil()
             .max(1.0) as usize;
@@ -573,7 +695,8 @@ impl Market {
                 .iter()
                 .map(|app| self.agent_bid(&sub_round, app))
                 .collect::<Result<_, _>>()?;
-            let outcome = run_auction(&sub_round.offer.offer, &bids, seed.wrapping_add(pass))?;
+            let outcome =
+                run_auction(&sub_round.offer.offer, &bids, round.seed.wrapping_add(pass))?;
             *leftover = offered_subset(&sub_round.offer.offer, &outcome.unallocated);
             merge(
                 &mut granted,
@@ -591,7 +714,7 @@ impl Market {
     /// computed from a consistent state, so a failure here is a bug, reported as an error.
     fn grant_leases(
         &mut self,
-        granted: &BTreeMap<AppId, Vec<GpuId>>,
+        granted: &Grants,
         offered: &HashMap<GpuId, GpuIndex>,
         now: Timestamp,
     ) -> Result<Vec<Lease>, MarketError> {
@@ -606,25 +729,5 @@ impl Market {
             .into_iter()
             .filter_map(|id| self.leases.get(id).cloned())
             .collect())
-    }
-}
-
-/// Separates the leftover RNG stream from the auction's, which uses the seed as it is.
-const LEFTOVER_STREAM: u64 = 0x9E37_79B9_7F4A_7C15;
-
-/// The GPUs of `offer` named in `ids`, in offer order.
-fn offered_subset(offer: &Offer, ids: &[GpuId]) -> Vec<OfferedGpu> {
-    let wanted: HashSet<&GpuId> = ids.iter().collect();
-    offer
-        .gpus
-        .iter()
-        .filter(|gpu| wanted.contains(&gpu.id))
-        .cloned()
-        .collect()
-}
-
-fn merge(into: &mut BTreeMap<AppId, Vec<GpuId>>, from: BTreeMap<AppId, Vec<GpuId>>) {
-    for (app, gpus) in from {
-        into.entry(app).or_default().extend(gpus);
     }
 }

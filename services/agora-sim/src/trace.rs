@@ -135,66 +135,15 @@ pub fn check_workload(workload: &Workload) -> Result<(), WorkloadProblem> {
                 entry.arrival_seconds
             )));
         }
-        let jobs: Vec<&Job> = match &entry.app.kind {
-            AppKind::SingleJob { job } => vec![job],
-            AppKind::SuccessiveHalving(search) => {
-                if search.phase_iterations.is_empty()
-                    || search.phase_iterations.len() != search.jobs_per_phase.len()
-                {
-                    return Err(fail(
-                        "phase_iterations and jobs_per_phase must be non-empty and of equal length"
-                            .to_owned(),
-                    ));
-                }
-                if !(search.budget_gpu_seconds.is_finite() && search.budget_gpu_seconds > 0.0) {
-                    return Err(fail("budget_gpu_seconds must be positive".to_owned()));
-                }
-                search.jobs.iter().collect()
-            }
-            AppKind::PerformanceCurve(search) => {
-                search.jobs.iter().map(|curve| &curve.job).collect()
-            }
-        };
-        for job in &jobs {
+        entry.app.validate().map_err(fail)?;
+        for job in entry.app.jobs() {
             if !job_ids.insert(job.id.clone()) {
                 return Err(WorkloadProblem::DuplicateJob {
                     app: app.clone(),
                     job: job.id.clone(),
                 });
             }
-            check_job(job).map_err(|reason| fail(format!("job `{}`: {reason}", job.id)))?;
         }
-        if entry.app.running_jobs().is_empty() {
-            return Err(fail("has no job left to run".to_owned()));
-        }
-    }
-    Ok(())
-}
-
-fn check_job(job: &Job) -> Result<(), String> {
-    if job.total_iterations == 0 {
-        return Err("total_iterations must be at least 1".to_owned());
-    }
-    if !(job.serial_iteration_time.is_finite() && job.serial_iteration_time > 0.0) {
-        return Err(format!(
-            "serial_iteration_time must be positive and finite, got {}",
-            job.serial_iteration_time
-        ));
-    }
-    if job.max_gpus == 0 {
-        return Err("max_gpus must be at least 1".to_owned());
-    }
-    let slowdown = job.slowdown;
-    let levels = [
-        slowdown.same_slot,
-        slowdown.same_machine,
-        slowdown.same_rack,
-        slowdown.cross_rack,
-    ];
-    if levels.iter().any(|&s| !(s.is_finite() && s >= 1.0)) {
-        return Err(format!(
-            "slowdowns must be finite and >= 1, got {slowdown:?}"
-        ));
     }
     Ok(())
 }

@@ -144,6 +144,12 @@ pub enum AuctionError {
     },
 }
 
+/// Checks one bid against an offer the way [`run_auction`] does (non-empty bundles of offered,
+/// distinct GPUs), so a service can refuse a bad bid when it arrives.
+pub fn validate_bid(offer: &Offer, bid: &AppBid) -> Result<(), AuctionError> {
+    Instance::build(offer, std::slice::from_ref(bid)).map(|_| ())
+}
+
 /// Runs the partial-allocation auction. Deterministic: the same offer, bids and seed give the
 /// same outcome, whatever order the bids come in.
 pub fn run_auction(

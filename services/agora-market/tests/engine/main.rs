@@ -4,4 +4,6 @@ mod auction;
 mod baselines;
 mod bids;
 mod market;
+mod replay;
+mod restore;
 mod support;

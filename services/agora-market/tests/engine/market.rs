@@ -1,19 +1,14 @@
 //! Rounds and leases (Pseudocode 1) on tiny hand-checkable clusters, and the round's
 //! invariants on random ones.
 
-use std::time::Duration;
-
-use agora_market::app::{App, AppId};
+use agora_market::app::AppId;
 use agora_market::lease::LeaseState;
-use agora_market::leftover::LeftoverPolicy;
 use agora_market::market::{AuctionRecord, Market, MarketConfig, MarketError, RoundOutcome};
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, GpuIndex, Locality};
 use proptest::prelude::*;
 
-use crate::support::{single_job_app, uniform_cluster};
-
-const LEASE: Duration = Duration::from_secs(600);
+use crate::support::{play, scenario, single_job_app, uniform_cluster, LEASE};
 
 fn market(cluster: Cluster, fairness_knob: f64) -> Market {
     let config = MarketConfig {
@@ -265,48 +260,6 @@ fn rejects_a_fairness_knob_outside_its_range() {
     assert!(matches!(result, Err(MarketError::InvalidFairnessKnob(_))));
 }
 
-#[derive(Debug, Clone)]
-struct Scenario {
-    racks: u32,
-    machines: u32,
-    gpus_per_machine: u32,
-    apps: Vec<(u32, u64)>,
-    fairness_knob: f64,
-    policy: LeftoverPolicy,
-    steps: Vec<(u64, bool)>,
-    seed: u64,
-}
-
-fn scenario() -> impl Strategy<Value = Scenario> {
-    (
-        1u32..=2,
-        1u32..=3,
-        1u32..=4,
-        prop::collection::vec((1u32..=4, 10u64..200), 1..7),
-        prop_oneof![Just(0.0), Just(0.5), Just(0.8)],
-        prop_oneof![
-            Just(LeftoverPolicy::RandomToNonBidders),
-            Just(LeftoverPolicy::ReauctionNextWorst)
-        ],
-        prop::collection::vec((1u64..900, any::<bool>()), 1..6),
-        any::<u64>(),
-    )
-        .prop_map(
-            |(racks, machines, gpus_per_machine, apps, fairness_knob, policy, steps, seed)| {
-                Scenario {
-                    racks,
-                    machines,
-                    gpus_per_machine,
-                    apps,
-                    fairness_knob,
-                    policy,
-                    steps,
-                    seed,
-                }
-            },
-        )
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
@@ -315,27 +268,8 @@ proptest! {
     /// the same outcome.
     #[test]
     fn rounds_are_work_conserving_exclusive_and_deterministic(scenario in scenario()) {
-        let cluster = uniform_cluster(scenario.racks, scenario.machines, 1, scenario.gpus_per_machine);
-        let config = MarketConfig { fairness_knob: scenario.fairness_knob, lease_length: LEASE, leftover_policy: scenario.policy, ..MarketConfig::default() };
-        let mut market = Market::new(cluster, config, Timestamp(0)).expect("valid config");
-        let mut now = Timestamp(0);
-        let mut apps = scenario.apps.iter().enumerate().map(|(n, &(demand, iterations))| {
-            single_job_app(&format!("app{n}"), demand, iterations, 3.0)
-        });
-        let first: Vec<App> = apps.by_ref().take(scenario.apps.len().div_ceil(2)).collect();
-        for app in first {
-            market.add_app(app, now).expect("new app");
-        }
-        for (step, &(advance_seconds, arrive)) in scenario.steps.iter().enumerate() {
-            now = now.saturating_add(Duration::from_secs(advance_seconds));
-            market.expire_leases(now);
-            if arrive {
-                if let Some(app) = apps.next() {
-                    market.add_app(app, now).expect("new app");
-                }
-            }
+        play(&scenario, |market, now, seed| {
             let mut twin = market.clone();
-            let seed = scenario.seed.wrapping_add(step as u64);
             let outcome = market.run_round(now, seed).map(|result| result.expect("valid round"));
             let twin_outcome = twin.run_round(now, seed).map(|result| result.expect("valid round"));
             prop_assert_eq!(&outcome, &twin_outcome);
@@ -356,6 +290,7 @@ proptest! {
                     prop_assert!(seen.insert(*gpu), "GPU {:?} leased twice", gpu);
                 }
             }
-        }
+            Ok(())
+        })?;
     }
 }

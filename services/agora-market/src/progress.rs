@@ -1,0 +1,245 @@
+//! Progress reports from an app's HPO framework: iterations done, jobs stopped early, observed
+//! iteration times. They update the app so that its rho and bids follow what really happens.
+
+use serde::{Deserialize, Serialize};
+
+use crate::app::{App, AppKind, Job};
+use crate::topology::Locality;
+
+/// One job's progress, as a framework reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobProgress {
+    pub job: String,
+    /// Iterations done so far (never fewer than reported before).
+    pub completed_iterations: u64,
+    /// The framework stopped the job early (successive halving, a poor learning curve).
+    #[serde(default)]
+    pub stopped: bool,
+    #[serde(default)]
+    pub observed: Option<ObservedIterations>,
+}
+
+/// A measured iteration time: `seconds_per_iteration` on `gpus` GPUs placed at `locality`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObservedIterations {
+    pub locality: Locality,
+    pub gpus: u32,
+    pub seconds_per_iteration: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProgressError {
+    #[error("the app has no job {0:?}; report only jobs it registered")]
+    UnknownJob(String),
+    #[error("job {job:?}: completed_iterations went back from {before} to {after}")]
+    IterationsWentBack {
+        job: String,
+        before: u64,
+        after: u64,
+    },
+    #[error("job {job:?}: completed_iterations {after} exceeds the job's total of {total}")]
+    TooManyIterations { job: String, after: u64, total: u64 },
+    #[error("job {job:?}: an observation needs gpus > 0 and a finite seconds_per_iteration > 0")]
+    InvalidObservation { job: String },
+}
+
+impl App {
+    /// Applies `reports` all or nothing. Returns the placement slowdown each observation implied
+    /// (iteration time = serial time x slowdown / GPUs), in report order.
+    pub fn apply_progress(&mut self, reports: &[JobProgress]) -> Result<Vec<f64>, ProgressError> {
+        let mut updated = self.clone();
+        let mut slowdowns = Vec::new();
+        for report in reports {
+            let job = updated
+                .job_mut(&report.job)
+                .ok_or_else(|| ProgressError::UnknownJob(report.job.clone()))?;
+            slowdowns.extend(apply_to_job(job, report)?);
+        }
+        updated.advance_finished_phase();
+        *self = updated;
+        Ok(slowdowns)
+    }
+
+    fn job_mut(&mut self, id: &str) -> Option<&mut Job> {
+        match &mut self.kind {
+            AppKind::SingleJob { job } => (job.id == id).then_some(job),
+            AppKind::SuccessiveHalving(search) => search.jobs.iter_mut().find(|job| job.id == id),
+            AppKind::PerformanceCurve(search) => search
+                .jobs
+                .iter_mut()
+                .map(|curve| &mut curve.job)
+                .find(|job| job.id == id),
+        }
+    }
+
+    /// A successive-halving phase ends when none of its jobs is still running: the framework
+    /// has stopped the losers, and the survivors go on to the next phase.
+    fn advance_finished_phase(&mut self) {
+        let phase_done = self.running_jobs().is_empty();
+        if let AppKind::SuccessiveHalving(search) = &mut self.kind {
+            if phase_done && search.current_phase + 1 < search.phase_iterations.len() {
+                let survivors: Vec<String> = search
+                    .jobs
+                    .iter()
+                    .filter(|job| !job.stopped)
+                    .map(|job| job.id.clone())
+                    .collect();
+                let survivors: Vec<&str> = survivors.iter().map(String::as_str).collect();
+                search.advance_phase(&survivors);
+            }
+        }
+    }
+}
+
+fn apply_to_job(job: &mut Job, report: &JobProgress) -> Result<Option<f64>, ProgressError> {
+    let after = report.completed_iterations;
+    if after < job.completed_iterations {
+        return Err(ProgressError::IterationsWentBack {
+            job: job.id.clone(),
+            before: job.completed_iterations,
+            after,
+        });
+    }
+    if after > job.total_iterations {
+        return Err(ProgressError::TooManyIterations {
+            job: job.id.clone(),
+            after,
+            total: job.total_iterations,
+        });
+    }
+    job.completed_iterations = after;
+    job.stopped |= report.stopped;
+    let Some(observed) = report.observed else {
+        return Ok(None);
+    };
+    let valid = observed.gpus > 0
+        && observed.seconds_per_iteration.is_finite()
+        && observed.seconds_per_iteration > 0.0;
+    if !valid {
+        return Err(ProgressError::InvalidObservation {
+            job: job.id.clone(),
+        });
+    }
+    let slowdown =
+        observed.seconds_per_iteration * f64::from(observed.gpus) / job.serial_iteration_time;
+    job.slowdown.observe(observed.locality, slowdown);
+    Ok(Some(slowdown))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::{AppId, PlacementSlowdown, SuccessiveHalving};
+
+    fn job(id: &str, total: u64) -> Job {
+        Job {
+            id: id.to_owned(),
+            total_iterations: total,
+            completed_iterations: 0,
+            serial_iteration_time: 2.0,
+            max_gpus: 2,
+            slowdown: PlacementSlowdown::default(),
+            stopped: false,
+        }
+    }
+
+    fn report(job: &str, completed: u64) -> JobProgress {
+        JobProgress {
+            job: job.to_owned(),
+            completed_iterations: completed,
+            stopped: false,
+            observed: None,
+        }
+    }
+
+    fn single(total: u64) -> App {
+        App {
+            id: AppId::from("a"),
+            kind: AppKind::SingleJob {
+                job: job("j", total),
+            },
+        }
+    }
+
+    #[test]
+    fn iterations_advance_and_finish_the_app() {
+        let mut app = single(100);
+        app.apply_progress(&[report("j", 40)]).expect("valid");
+        assert!((app.remaining_work_gpu_seconds() - 120.0).abs() < 1e-9);
+        app.apply_progress(&[report("j", 100)]).expect("valid");
+        assert!(app.is_finished());
+    }
+
+    #[test]
+    fn an_observation_sets_the_slowdown_of_its_locality() {
+        let mut app = single(100);
+        let observed = JobProgress {
+            observed: Some(ObservedIterations {
+                locality: Locality::CrossRack,
+                gpus: 2,
+                seconds_per_iteration: 1.5,
+            }),
+            ..report("j", 10)
+        };
+        let slowdowns = app.apply_progress(&[observed]).expect("valid");
+        assert_eq!(slowdowns, vec![1.5]);
+        let AppKind::SingleJob { job } = &app.kind else {
+            unreachable!("built as a single job")
+        };
+        assert_eq!(job.slowdown.at(Locality::CrossRack), 1.5);
+    }
+
+    #[test]
+    fn bad_reports_change_nothing() {
+        let mut app = single(100);
+        app.apply_progress(&[report("j", 50)]).expect("valid");
+        let before = app.clone();
+        for bad in [
+            vec![report("j", 60), report("nope", 1)],
+            vec![report("j", 49)],
+            vec![report("j", 101)],
+            vec![JobProgress {
+                observed: Some(ObservedIterations {
+                    locality: Locality::SameSlot,
+                    gpus: 0,
+                    seconds_per_iteration: 1.0,
+                }),
+                ..report("j", 60)
+            }],
+        ] {
+            assert!(app.apply_progress(&bad).is_err());
+            assert_eq!(app, before);
+        }
+    }
+
+    #[test]
+    fn successive_halving_moves_on_once_the_losers_are_stopped() {
+        let mut app = App {
+            id: AppId::from("sh"),
+            kind: AppKind::SuccessiveHalving(SuccessiveHalving {
+                budget_gpu_seconds: 1_000.0,
+                phase_iterations: vec![10, 20],
+                jobs_per_phase: vec![2, 1],
+                current_phase: 0,
+                jobs: vec![job("a", 30), job("b", 30)],
+            }),
+        };
+        app.apply_progress(&[report("a", 10)]).expect("valid");
+        let AppKind::SuccessiveHalving(search) = &app.kind else {
+            unreachable!()
+        };
+        assert_eq!(search.current_phase, 0, "b is still running phase 0");
+        let stop_b = JobProgress {
+            stopped: true,
+            ..report("b", 10)
+        };
+        app.apply_progress(&[stop_b]).expect("valid");
+        let AppKind::SuccessiveHalving(search) = &app.kind else {
+            unreachable!()
+        };
+        assert_eq!(search.current_phase, 1);
+        assert_eq!(app.current_demand(), 2, "only a runs in phase 1");
+    }
+}
