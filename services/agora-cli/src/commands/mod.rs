@@ -2,7 +2,9 @@
 //! plus one variant of [`Command`].
 
 pub mod auction;
+pub mod audit;
 pub mod experiment;
+pub mod serve;
 pub mod simulate;
 
 use clap::{Parser, Subcommand};
@@ -31,6 +33,11 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Regenerate one of the Themis paper's evaluation experiments.
     Experiment(experiment::ExperimentArgs),
+    /// Run the arbiter service (HTTP API, live rounds, Postgres history).
+    Serve(serve::ServeArgs),
+    /// Check stored history against the engine.
+    #[command(subcommand)]
+    Audit(audit::AuditCommand),
 }
 
 impl Cli {
@@ -39,6 +46,8 @@ impl Cli {
             Command::Auction(command) => command.run()?,
             Command::Simulate(args) => args.run()?,
             Command::Experiment(args) => args.run()?,
+            Command::Serve(args) => args.run()?,
+            Command::Audit(command) => command.run()?,
         }
         Ok(())
     }

@@ -1,0 +1,67 @@
+//! `agora serve`: the arbiter service (HTTP API, actors, Postgres), optionally with a demo.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use agora_server::clock::SystemClock;
+use agora_server::config::ServerConfig;
+use anyhow::Context as _;
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML settings (every setting has a default; DATABASE_URL, AGORA_LISTEN,
+    /// AGORA_ADMIN_TOKEN, AGORA_FLEET and AGORA_LEASE_SECONDS override the file).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Also run a handful of synthetic HPO apps that bid through the HTTP API, on short leases,
+    /// so live rounds appear within seconds.
+    #[arg(long)]
+    demo: bool,
+}
+
+impl ServeArgs {
+    pub fn run(self) -> anyhow::Result<()> {
+        init_logs();
+        let mut config =
+            ServerConfig::load(self.config.as_deref(), |name| std::env::var(name).ok())?;
+        if self.demo {
+            agora_server::demo::adjust(&mut config);
+        }
+        actix_web::rt::System::new().block_on(async move {
+            let running = agora_server::server::start(&config, Arc::new(SystemClock)).await?;
+            if self.demo {
+                agora_server::demo::start(&running, &config).await?;
+            }
+            shutdown_signal().await?;
+            tracing::info!("shutting down: finishing requests in flight");
+            running.stop().await;
+            Ok(())
+        })
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default: info, quiet database driver); one JSON
+/// object per line when `AGORA_LOG_FORMAT=json`.
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,actix_server=warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if std::env::var("AGORA_LOG_FORMAT").as_deref() == Ok("json") {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+async fn shutdown_signal() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result.context("cannot listen for Ctrl-C"),
+        _ = terminate.recv() => Ok(()),
+    }
+}

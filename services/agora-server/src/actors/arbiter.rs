@@ -1,0 +1,533 @@
+//! `Arbiter`: owns the engine's state and runs live rounds. Every decision is staged on a copy
+//! of the engine, committed to Postgres in one transaction, and only then applied and told to
+//! anyone (agents, GPU workers, event streams). While a commit is in flight the arbiter's
+//! mailbox waits, so decisions never interleave.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use agora_market::app::AppId;
+use agora_market::auction::AppBid;
+use agora_market::lease::Lease;
+use agora_market::market::{Market, RoundOffer};
+use agora_market::time::Timestamp;
+use agora_market::topology::{GpuId, GpuIndex};
+use tokio::sync::broadcast;
+
+use super::agent::{AgentBid, AppAgent, BidRequest, Bidding};
+use super::gpu_worker::{GpuCommand, GpuWorker};
+use super::lease_manager::{LeaseManager, Schedule, Timer, TimerFired};
+use super::records;
+use super::ArbiterError;
+use crate::clock::Clock;
+use crate::store::{app_key, Commit, Store};
+
+/// A registered app as the arbiter knows it (the engine holds its jobs).
+#[derive(Debug)]
+pub(super) struct Member {
+    pub tenant: i64,
+    pub bidding: Bidding,
+    pub agent: Addr<AppAgent>,
+}
+
+/// The round in progress, if any.
+#[derive(Debug)]
+pub(super) enum RoundState {
+    Idle,
+    /// Its opening is being committed.
+    Opening,
+    Open(Box<PendingRound>),
+    /// Its outcome is being committed.
+    Closing,
+}
+
+#[derive(Debug)]
+pub(super) struct PendingRound {
+    pub id: i64,
+    pub seed: u64,
+    pub deadline: Timestamp,
+    pub offer: RoundOffer,
+    /// Bids posted by frameworks (already stored).
+    pub framework_bids: BTreeMap<AppId, AppBid>,
+    /// Bids of the agents: final for agent-bidding apps, fallbacks for explicit ones.
+    pub agent_bids: BTreeMap<AppId, AppBid>,
+}
+
+impl PendingRound {
+    /// Every bidder has its final bid: no need to wait for the deadline.
+    fn complete(&self, members: &HashMap<AppId, Member>) -> bool {
+        self.offer.bidders.iter().all(|app| {
+            self.framework_bids.contains_key(app)
+                || (self.agent_bids.contains_key(app)
+                    && members
+                        .get(app)
+                        .is_none_or(|member| member.bidding == Bidding::Agent))
+        })
+    }
+}
+
+/// What the service's parts need to start an arbiter.
+#[derive(Debug, Clone)]
+pub struct ArbiterSettings {
+    pub round_deadline: Duration,
+    pub revocation_grace: Duration,
+    pub tick: Duration,
+}
+
+pub type Reply<T> = ResponseActFuture<Arbiter, Result<T, ArbiterError>>;
+
+#[derive(Debug)]
+pub struct Arbiter {
+    pub(super) market: Market,
+    pub(super) store: Store,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) settings: ArbiterSettings,
+    pub(super) members: HashMap<AppId, Member>,
+    pub(super) round: RoundState,
+    round_wanted: bool,
+    pub(super) next_round: i64,
+    /// Rounds left `open` in the database by a failed close; abandoned by the next commit.
+    stale_rounds: Vec<i64>,
+    pub(super) draining: BTreeSet<GpuIndex>,
+    timers: Option<Addr<LeaseManager>>,
+    gpus: Vec<Addr<GpuWorker>>,
+    pub(super) events: broadcast::Sender<i64>,
+    /// Restored from the database, waiting for the actors to start.
+    restored_members: Vec<(AppId, i64, Bidding)>,
+    restored_round: Option<Box<PendingRound>>,
+}
+
+/// A round that was open when the arbiter stopped, with the bids frameworks had posted.
+#[derive(Debug)]
+pub struct ReopenedRound {
+    pub id: i64,
+    pub seed: u64,
+    pub deadline: Timestamp,
+    pub offer: RoundOffer,
+    pub framework_bids: BTreeMap<AppId, AppBid>,
+}
+
+/// The arbiter's state as reloaded from the database.
+#[derive(Debug)]
+pub struct Restored {
+    pub market: Market,
+    pub members: Vec<(AppId, i64, Bidding)>,
+    pub round: Option<ReopenedRound>,
+    pub next_round: i64,
+}
+
+impl Arbiter {
+    pub fn new(
+        restored: Restored,
+        store: Store,
+        clock: Arc<dyn Clock>,
+        settings: ArbiterSettings,
+        events: broadcast::Sender<i64>,
+    ) -> Self {
+        let restored_round = restored.round.map(|round| {
+            Box::new(PendingRound {
+                id: round.id,
+                seed: round.seed,
+                deadline: round.deadline,
+                offer: round.offer,
+                framework_bids: round.framework_bids,
+                agent_bids: BTreeMap::new(),
+            })
+        });
+        Self {
+            market: restored.market,
+            store,
+            clock,
+            settings,
+            members: HashMap::new(),
+            round: RoundState::Idle,
+            round_wanted: false,
+            next_round: restored.next_round,
+            stale_rounds: Vec::new(),
+            draining: BTreeSet::new(),
+            timers: None,
+            gpus: Vec::new(),
+            events,
+            restored_members: restored.members,
+            restored_round,
+        }
+    }
+
+    pub(super) fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    pub(super) fn schedule(&self, at: Timestamp, timer: Timer) {
+        if let Some(timers) = &self.timers {
+            timers.do_send(Schedule { at, timer });
+        }
+    }
+
+    pub(super) fn join(
+        &mut self,
+        app: AppId,
+        tenant: i64,
+        bidding: Bidding,
+        ctx: &mut Context<Self>,
+    ) {
+        let agent = AppAgent::new(app.clone(), bidding, ctx.address().recipient()).start();
+        self.members.insert(
+            app,
+            Member {
+                tenant,
+                bidding,
+                agent,
+            },
+        );
+    }
+
+    /// Commits `commit`, then applies the staged change with `apply` and tells everyone.
+    pub(super) fn commit<T: 'static>(
+        &mut self,
+        mut commit: Commit,
+        apply: impl FnOnce(&mut Self, &mut Context<Self>) -> T + 'static,
+    ) -> Reply<T> {
+        commit.abandoned_rounds.append(&mut self.stale_rounds);
+        let store = self.store.clone();
+        let now = self.now();
+        Box::pin(
+            async move { store.commit(&commit, now).await.map(|()| commit) }
+                .into_actor(self)
+                .map(move |result, arbiter, ctx| {
+                    let commit = result?;
+                    let value = apply(arbiter, ctx);
+                    arbiter.after_commit(&commit, ctx);
+                    Ok(value)
+                }),
+        )
+    }
+
+    /// Runs an internal decision (no one waits for its reply) with the mailbox held.
+    pub(super) fn run_internal(&mut self, reply: Reply<()>, ctx: &mut Context<Self>) {
+        ctx.wait(reply.map(|result, _, _| {
+            if let Err(error) = result {
+                tracing::error!(%error, "arbiter decision not committed");
+            }
+        }));
+    }
+
+    fn after_commit(&mut self, commit: &Commit, ctx: &mut Context<Self>) {
+        let told: BTreeSet<i64> = commit.events.iter().map(|event| event.app).collect();
+        for app in told {
+            // No subscriber is not an error: the events are in the database for later.
+            let _ = self.events.send(app);
+        }
+        for granted in &commit.granted {
+            self.schedule(granted.end, Timer::LeaseEnd);
+            for gpu in &granted.gpus {
+                let (lease, app) = (granted.id, granted.app);
+                self.tell_gpu(gpu, GpuCommand::Run { lease, app });
+            }
+        }
+        for ended in &commit.ended {
+            for gpu in &ended.gpus {
+                self.tell_gpu(gpu, GpuCommand::Stop { lease: ended.id });
+            }
+        }
+        for (gpu, healthy) in &commit.gpu_health {
+            self.tell_gpu(gpu, GpuCommand::SetHealth(*healthy));
+        }
+        let capacity_changed = !commit.ended.is_empty()
+            || !commit.finished_apps.is_empty()
+            || commit.gpu_health.iter().any(|(_, healthy)| *healthy);
+        if capacity_changed || (commit.closed_round.is_some() && self.round_wanted) {
+            self.open_round_if_idle(ctx);
+        }
+    }
+
+    fn tell_gpu(&self, gpu: &str, command: GpuCommand) {
+        if let Some(index) = self.market.cluster().index_of(&GpuId(gpu.to_owned())) {
+            self.gpus[index.get()].do_send(command);
+        }
+    }
+
+    /// A resource-available event: opens a round unless one is already under way (then
+    /// another follows it).
+    pub(super) fn open_round_if_idle(&mut self, ctx: &mut Context<Self>) {
+        if !matches!(self.round, RoundState::Idle) {
+            self.round_wanted = true;
+            return;
+        }
+        self.round_wanted = false;
+        let now = self.now();
+        let Some(offer) = self.market.open_round(now) else {
+            return;
+        };
+        let id = self.next_round;
+        let seed = random_seed();
+        let deadline = now.saturating_add(self.settings.round_deadline);
+        let commit = match records::opened_round(&self.market, id, seed, deadline, &offer) {
+            Ok(commit) => commit,
+            Err(error) => {
+                tracing::error!(%error, "cannot record a round's opening");
+                return;
+            }
+        };
+        self.round = RoundState::Opening;
+        let reply = self.commit(commit, move |arbiter, _| {
+            arbiter.next_round = id + 1;
+            arbiter.schedule(deadline, Timer::RoundDeadline(id));
+            arbiter.round = RoundState::Open(Box::new(PendingRound {
+                id,
+                seed,
+                deadline,
+                offer,
+                framework_bids: BTreeMap::new(),
+                agent_bids: BTreeMap::new(),
+            }));
+            arbiter.request_agent_bids();
+        });
+        let reply = self.recover_round_on_error(reply);
+        self.run_internal(reply, ctx);
+    }
+
+    /// A round whose commit failed leaves the arbiter idle, ready for the next event.
+    fn recover_round_on_error(&mut self, reply: Reply<()>) -> Reply<()> {
+        Box::pin(reply.map(|result, arbiter, _| {
+            if result.is_err() && !matches!(arbiter.round, RoundState::Open(_)) {
+                arbiter.round = RoundState::Idle;
+                arbiter.round_wanted = true;
+            }
+            result
+        }))
+    }
+
+    fn request_agent_bids(&self) {
+        let RoundState::Open(round) = &self.round else {
+            return;
+        };
+        let offer = Arc::new(round.offer.offer.clone());
+        for app in &round.offer.bidders {
+            let (Some(member), Ok(inputs)) = (
+                self.members.get(app),
+                self.market.bid_inputs(&round.offer, app),
+            ) else {
+                continue;
+            };
+            member.agent.do_send(BidRequest {
+                round: round.id,
+                offer: offer.clone(),
+                inputs,
+            });
+        }
+    }
+
+    /// Closes the open round if it is complete or past its deadline.
+    pub(super) fn close_round_if_due(&mut self, ctx: &mut Context<Self>) {
+        let due = match &self.round {
+            RoundState::Open(round) => {
+                round.complete(&self.members) || self.now() >= round.deadline
+            }
+            _ => false,
+        };
+        if !due {
+            return;
+        }
+        let RoundState::Open(round) = std::mem::replace(&mut self.round, RoundState::Closing)
+        else {
+            return;
+        };
+        let reply = self.close_round(*round);
+        let reply = self.recover_round_on_error(reply);
+        self.run_internal(reply, ctx);
+    }
+
+    fn close_round(&mut self, round: PendingRound) -> Reply<()> {
+        let now = self.now();
+        let PendingRound {
+            id,
+            seed,
+            offer,
+            mut framework_bids,
+            agent_bids,
+            ..
+        } = round;
+        let mut agent_bids_used = Vec::new();
+        let bids: Vec<AppBid> = offer
+            .bidders
+            .iter()
+            .filter_map(|app| match framework_bids.remove(app) {
+                Some(bid) => Some(bid),
+                None => {
+                    let bid = agent_bids.get(app).cloned()?;
+                    agent_bids_used.push(bid.clone());
+                    Some(bid)
+                }
+            })
+            .collect();
+        let mut next = self.market.clone();
+        let outcome = match next.close_round(offer, bids, seed) {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                tracing::warn!(round = id, %error, "round abandoned; a new one opens");
+                let commit = Commit {
+                    abandoned_rounds: vec![id],
+                    ..Commit::default()
+                };
+                return self.commit(commit, |arbiter, ctx| {
+                    arbiter.round = RoundState::Idle;
+                    arbiter.open_round_if_idle(ctx);
+                });
+            }
+        };
+        let commit = match records::closed_round(&next, id, now, &outcome, &agent_bids_used) {
+            Ok(commit) => commit,
+            Err(error) => return Box::pin(actix::fut::ready(Err(error))),
+        };
+        tracing::info!(
+            round = id,
+            bidders = outcome.bidders.len(),
+            leases = outcome.leases.len(),
+            "round closed"
+        );
+        self.commit(commit, move |arbiter, _| {
+            arbiter.market = next;
+            arbiter.round = RoundState::Idle;
+        })
+    }
+
+    /// Expires the leases that are due, freeing their GPUs for the next round.
+    fn expire_due_leases(&mut self, ctx: &mut Context<Self>) {
+        let now = self.now();
+        let mut next = self.market.clone();
+        let expired = next.expire_leases(now);
+        if expired.is_empty() {
+            return;
+        }
+        let commit = match records::ended_leases(&next, &expired, None) {
+            Ok(commit) => commit,
+            Err(error) => {
+                tracing::error!(%error, "cannot record expired leases");
+                return;
+            }
+        };
+        let reply = self.commit(commit, move |arbiter, _| arbiter.market = next);
+        self.run_internal(reply, ctx);
+    }
+
+    /// A drained GPU's notice is over: take it out of service, revoking its lease.
+    fn revoke_drained(&mut self, gpu: GpuIndex, ctx: &mut Context<Self>) {
+        if !self.draining.remove(&gpu) {
+            return;
+        }
+        let now = self.now();
+        let mut next = self.market.clone();
+        let revoked: Vec<Lease> = next.set_gpu_health(gpu, false, now).into_iter().collect();
+        let reason = Some("the GPU was drained by an operator");
+        let mut commit = match records::ended_leases(&next, &revoked, reason) {
+            Ok(commit) => commit,
+            Err(error) => {
+                tracing::error!(%error, "cannot record a revocation");
+                return;
+            }
+        };
+        commit
+            .gpu_health
+            .push((next.cluster().gpu(gpu).id.0.clone(), false));
+        let reply = self.commit(commit, move |arbiter, _| arbiter.market = next);
+        self.run_internal(reply, ctx);
+    }
+
+    fn start_gpu_workers(&mut self) {
+        self.gpus = self
+            .market
+            .cluster()
+            .gpus()
+            .map(|(index, gpu)| {
+                let uuid = crate::store::simulated_cuda_uuid(&gpu.id.0);
+                GpuWorker::simulated(gpu.id.0.clone(), uuid, self.market.is_healthy(index)).start()
+            })
+            .collect();
+        for lease in self.market.leases().active() {
+            let (lease_id, app) = (lease.id.0 as i64, app_key(&lease.app).unwrap_or_default());
+            for &gpu in &lease.gpus {
+                self.gpus[gpu.get()].do_send(GpuCommand::Run {
+                    lease: lease_id,
+                    app,
+                });
+            }
+        }
+    }
+}
+
+impl Actor for Arbiter {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.timers = Some(LeaseManager::start_on_own_thread(
+            self.clock.clone(),
+            self.settings.tick,
+            ctx.address().recipient(),
+        ));
+        self.start_gpu_workers();
+        for (app, tenant, bidding) in std::mem::take(&mut self.restored_members) {
+            self.join(app, tenant, bidding, ctx);
+        }
+        for lease in self.market.leases().active() {
+            self.schedule(lease.end, Timer::LeaseEnd);
+        }
+        if let Some(round) = self.restored_round.take() {
+            self.schedule(round.deadline, Timer::RoundDeadline(round.id));
+            self.round = RoundState::Open(round);
+            self.request_agent_bids();
+        }
+        self.open_round_if_idle(ctx);
+    }
+}
+
+impl Handler<TimerFired> for Arbiter {
+    type Result = ();
+
+    fn handle(&mut self, fired: TimerFired, ctx: &mut Self::Context) {
+        match fired.timer {
+            Timer::LeaseEnd => self.expire_due_leases(ctx),
+            Timer::Revocation(gpu) => self.revoke_drained(gpu, ctx),
+            Timer::RoundDeadline(id) => {
+                if matches!(&self.round, RoundState::Open(round) if round.id == id) {
+                    self.close_round_if_due(ctx);
+                }
+            }
+        }
+    }
+}
+
+impl Handler<AgentBid> for Arbiter {
+    type Result = ();
+
+    fn handle(&mut self, answer: AgentBid, ctx: &mut Self::Context) {
+        let RoundState::Open(round) = &mut self.round else {
+            return;
+        };
+        if round.id != answer.round {
+            return;
+        }
+        round.agent_bids.insert(answer.bid.app.clone(), answer.bid);
+        self.close_round_if_due(ctx);
+    }
+}
+
+/// Fresh randomness for a round's seed (recorded, so the round replays exactly).
+fn random_seed() -> u64 {
+    let mut bytes = [0u8; 8];
+    // Without OS randomness a fixed seed is still a valid, recorded seed.
+    let _ = getrandom::fill(&mut bytes);
+    u64::from_le_bytes(bytes)
+}
+
+impl Handler<super::Shutdown> for Arbiter {
+    type Result = ();
+
+    fn handle(&mut self, _: super::Shutdown, ctx: &mut Self::Context) {
+        if let Some(timers) = self.timers.take() {
+            timers.do_send(super::Shutdown);
+        }
+        ctx.stop();
+    }
+}

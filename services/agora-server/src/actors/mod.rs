@@ -1,0 +1,55 @@
+//! The actors of the arbiter service, thin over the engine: the [`arbiter::Arbiter`] decides
+//! (through the engine) and commits, [`agent::AppAgent`]s bid, the
+//! [`lease_manager::LeaseManager`] keeps time, [`gpu_worker::GpuWorker`]s mirror GPU hosts.
+
+pub mod agent;
+pub mod arbiter;
+pub mod gpu_worker;
+pub mod lease_manager;
+pub(crate) mod records;
+pub mod requests;
+
+use agora_market::auction::AuctionError;
+use agora_market::progress::ProgressError;
+
+use crate::store::StoreError;
+
+/// Asks the arbiter to stop (and its lease manager with it).
+#[derive(Debug, actix::Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+/// Why the arbiter refused a request. Each maps to one HTTP problem type (`api::problem`).
+#[derive(Debug, thiserror::Error)]
+pub enum ArbiterError {
+    #[error("app {0} is not active: it finished, or it does not exist")]
+    AppNotActive(i64),
+    #[error("app {0} belongs to another tenant")]
+    ForeignApp(i64),
+    #[error("this tenant already has an app named {0:?}; pick another name")]
+    DuplicateAppName(String),
+    #[error("invalid app: {0}")]
+    InvalidApp(String),
+    #[error("invalid progress report: {0}")]
+    Progress(#[from] ProgressError),
+    #[error("round {0} does not exist")]
+    UnknownRound(i64),
+    #[error("round {0} no longer takes bids (its deadline passed); wait for the next offer")]
+    RoundClosed(i64),
+    #[error("app {app} was not offered GPUs in round {round}, so it cannot bid in it")]
+    NotABidder { app: i64, round: i64 },
+    #[error("the bid table has {entries} entries; at most {limit} are allowed")]
+    TableTooLarge { entries: usize, limit: usize },
+    #[error("invalid bid: {0}")]
+    InvalidBid(#[from] AuctionError),
+    #[error("app {app} already bid in round {round}; a bid cannot be replaced (a retry with the same Idempotency-Key returns the first answer)")]
+    AlreadyBid { app: i64, round: i64 },
+    #[error("lease {0} is not active (it ended, or it does not exist)")]
+    LeaseNotActive(i64),
+    #[error("GPU {0:?} is not in the cluster")]
+    UnknownGpu(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}

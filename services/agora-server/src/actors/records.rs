@@ -1,0 +1,249 @@
+//! Translation of the engine's decisions into what the store writes and what apps are told.
+//! No decisions here: every function maps an engine value onto records.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use agora_market::app::AppId;
+use agora_market::auction::{AppBid, AuctionOutcome};
+use agora_market::lease::Lease;
+use agora_market::market::{Market, RoundOffer, RoundOutcome};
+use agora_market::time::Timestamp;
+use agora_market::topology::GpuId;
+use serde_json::{json, Value};
+
+use super::ArbiterError;
+use crate::clock::to_datetime;
+use crate::store::{
+    app_key, AllocationRow, AppEvent, ClosedRound, Commit, LeaseRecord, OpenedRound, StandingRow,
+};
+
+pub fn lease_record(market: &Market, lease: &Lease) -> Result<LeaseRecord, ArbiterError> {
+    Ok(LeaseRecord {
+        id: lease.id.0 as i64,
+        app: app_key(&lease.app)?,
+        gpus: lease
+            .gpus
+            .iter()
+            .map(|&gpu| market.cluster().gpu(gpu).id.0.clone())
+            .collect(),
+        start: lease.start,
+        end: lease.end,
+        state: lease.state,
+        ended_at: lease.ended_at,
+    })
+}
+
+/// The opening of round `id`: its inputs, the standings, and an offer event for each bidder.
+pub fn opened_round(
+    market: &Market,
+    id: i64,
+    seed: u64,
+    deadline: Timestamp,
+    offer: &RoundOffer,
+) -> Result<Commit, ArbiterError> {
+    let bidders: BTreeSet<_> = offer.bidders.iter().collect();
+    let standing_rows = offer
+        .standings
+        .iter()
+        .map(|standing| {
+            Ok(StandingRow {
+                app: app_key(&standing.app)?,
+                rho: standing.rho.map(f64::from),
+                unmet_demand: standing.unmet_demand as i32,
+                bidder: bidders.contains(&standing.app),
+            })
+        })
+        .collect::<Result<Vec<_>, ArbiterError>>()?;
+    let offered: Vec<Value> = offer
+        .offer
+        .offer
+        .gpus
+        .iter()
+        .map(|gpu| json!({ "id": gpu.id, "location": gpu.location }))
+        .collect();
+    let events = standing_rows
+        .iter()
+        .filter(|row| row.bidder)
+        .map(|row| AppEvent {
+            app: row.app,
+            kind: "offer",
+            payload: json!({
+                "round": id,
+                "deadline": to_datetime(deadline),
+                "rho": row.rho,
+                "unmet_demand": row.unmet_demand,
+                "gpus": offered,
+            }),
+        })
+        .collect();
+    let config = market.config();
+    Ok(Commit {
+        opened_round: Some(OpenedRound {
+            id,
+            opened_at: offer.now,
+            deadline,
+            fairness_knob: config.fairness_knob,
+            lease_seconds: config.lease_length.as_secs_f64(),
+            leftover_policy: json_name(&config.leftover_policy)?,
+            seed,
+            offer: to_json(&offer.offer.offer)?,
+            standings: to_json(&offer.standings)?,
+            standing_rows,
+        }),
+        events,
+        ..Commit::default()
+    })
+}
+
+/// The close of round `id` as `market` (after the round) sees it: the agents' bids, where every
+/// GPU went, the leases, and a result event for every app that bid or got GPUs.
+pub fn closed_round(
+    market: &Market,
+    id: i64,
+    now: Timestamp,
+    outcome: &RoundOutcome,
+    agent_bids: &[AppBid],
+) -> Result<Commit, ArbiterError> {
+    let allocations = allocation_rows_of(
+        outcome.auction.as_ref().map(|auction| &auction.outcome),
+        &outcome.leftover_grants,
+    )?;
+    let granted: Vec<LeaseRecord> = outcome
+        .leases
+        .iter()
+        .map(|lease| lease_record(market, lease))
+        .collect::<Result<_, _>>()?;
+    let handed_out: BTreeSet<&String> = granted.iter().flat_map(|lease| &lease.gpus).collect();
+    let unallocated = outcome
+        .offer
+        .ids()
+        .map(|gpu| &gpu.0)
+        .filter(|gpu| !handed_out.contains(gpu))
+        .cloned()
+        .collect();
+    let mut events: Vec<AppEvent> = allocations
+        .iter()
+        .map(|row| AppEvent {
+            app: row.app,
+            kind: "round_result",
+            payload: json!({
+                "round": id,
+                "pf_entry": row.pf_entry,
+                "c": row.c,
+                "kept_gpus": row.kept_gpus,
+                "leftover_gpus": row.leftover_gpus,
+            }),
+        })
+        .collect();
+    events.extend(granted.iter().map(|lease| AppEvent {
+        app: lease.app,
+        kind: "lease_granted",
+        payload: json!({
+            "lease": lease.id,
+            "round": id,
+            "gpus": lease.gpus,
+            "start": to_datetime(lease.start),
+            "end": to_datetime(lease.end),
+        }),
+    }));
+    let agent_bids = agent_bids
+        .iter()
+        .map(|bid| Ok((app_key(&bid.app)?, bid.clone())))
+        .collect::<Result<_, ArbiterError>>()?;
+    Ok(Commit {
+        closed_round: Some(ClosedRound {
+            id,
+            closed_at: now,
+            holds: to_json(&outcome.holds)?,
+            agent_bids,
+            allocations,
+            unallocated,
+        }),
+        granted,
+        events,
+        ..Commit::default()
+    })
+}
+
+/// One row per app that bid or received GPUs: its PF choice and payment, what it kept and its
+/// leftovers. Shared by the arbiter (to store a round) and the audit (to check it).
+pub fn allocation_rows_of(
+    auction: Option<&AuctionOutcome>,
+    leftover_grants: &BTreeMap<AppId, Vec<GpuId>>,
+) -> Result<Vec<AllocationRow>, ArbiterError> {
+    let mut rows: BTreeMap<i64, AllocationRow> = BTreeMap::new();
+    let ids = |gpus: &[GpuId]| -> Vec<String> { gpus.iter().map(|gpu| gpu.0.clone()).collect() };
+    let empty = |app: i64| AllocationRow {
+        app,
+        pf_entry: None,
+        pf_gpus: Vec::new(),
+        c: None,
+        kept_gpus: Vec::new(),
+        leftover_gpus: Vec::new(),
+    };
+    if let Some(decided) = auction {
+        for (app, entry) in &decided.pf {
+            let key = app_key(app)?;
+            let row = rows.entry(key).or_insert_with(|| empty(key));
+            row.pf_entry = entry.map(|entry| entry as i32);
+            row.pf_gpus = decided
+                .pf_gpus
+                .get(app)
+                .map(|gpus| ids(gpus))
+                .unwrap_or_default();
+            row.c = decided.c.get(app).copied();
+            row.kept_gpus = decided
+                .allocation
+                .get(app)
+                .map(|gpus| ids(gpus))
+                .unwrap_or_default();
+        }
+    }
+    for (app, gpus) in leftover_grants {
+        let key = app_key(app)?;
+        rows.entry(key).or_insert_with(|| empty(key)).leftover_gpus = ids(gpus);
+    }
+    Ok(rows.into_values().collect())
+}
+
+/// Leases that ended (expired, released, revoked), with an event for each app.
+pub fn ended_leases(
+    market: &Market,
+    leases: &[Lease],
+    reason: Option<&str>,
+) -> Result<Commit, ArbiterError> {
+    let ended: Vec<LeaseRecord> = leases
+        .iter()
+        .map(|lease| lease_record(market, lease))
+        .collect::<Result<_, _>>()?;
+    let events = ended
+        .iter()
+        .map(|lease| AppEvent {
+            app: lease.app,
+            kind: "lease_ended",
+            payload: json!({
+                "lease": lease.id,
+                "state": crate::store::lease_state_name(lease.state),
+                "gpus": lease.gpus,
+                "reason": reason,
+            }),
+        })
+        .collect();
+    Ok(Commit {
+        ended,
+        events,
+        ..Commit::default()
+    })
+}
+
+fn to_json(value: &impl serde::Serialize) -> Result<Value, ArbiterError> {
+    serde_json::to_value(value).map_err(|error| ArbiterError::Internal(error.to_string()))
+}
+
+/// The serde name of a unit enum variant (`random-to-non-bidders`).
+fn json_name(value: &impl serde::Serialize) -> Result<String, ArbiterError> {
+    match to_json(value)? {
+        Value::String(name) => Ok(name),
+        other => Ok(other.to_string()),
+    }
+}

@@ -1,0 +1,544 @@
+//! What the HTTP API asks of the arbiter. Every request names the tenant asking (`None`: the
+//! admin), and the arbiter checks ownership again, whatever the API checked before.
+
+use actix::prelude::*;
+use agora_market::app::{App, AppId, AppKind};
+use agora_market::auction::{validate_bid, AppBid};
+use agora_market::lease::LeaseId;
+use agora_market::progress::JobProgress;
+use agora_market::time::Timestamp;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::agent::Bidding;
+use super::arbiter::{Arbiter, Reply, RoundState};
+use super::lease_manager::Timer;
+use super::records;
+use super::ArbiterError;
+use crate::clock::to_datetime;
+use crate::store::{app_id, app_key, BidInsert, Commit, NewApp, ProgressSample, StoreError};
+
+fn refuse<T: 'static>(error: ArbiterError) -> Reply<T> {
+    Box::pin(actix::fut::ready(Err(error)))
+}
+
+impl Arbiter {
+    /// The app, if `tenant` may act for it (`None` is the admin).
+    fn authorize(&self, tenant: Option<i64>, app: i64) -> Result<AppId, ArbiterError> {
+        let id = app_id(app);
+        let member = self
+            .members
+            .get(&id)
+            .ok_or(ArbiterError::AppNotActive(app))?;
+        match tenant {
+            Some(tenant) if tenant != member.tenant => Err(ArbiterError::ForeignApp(app)),
+            _ => Ok(id),
+        }
+    }
+}
+
+#[derive(Debug, Message)]
+#[rtype(result = "Result<i64, ArbiterError>")]
+pub struct RegisterApp {
+    pub tenant: i64,
+    pub name: String,
+    pub bidding: Bidding,
+    pub kind: AppKind,
+}
+
+impl Handler<RegisterApp> for Arbiter {
+    type Result = AtomicResponse<Self, Result<i64, ArbiterError>>;
+
+    fn handle(&mut self, request: RegisterApp, _: &mut Self::Context) -> Self::Result {
+        AtomicResponse::new(self.register(request))
+    }
+}
+
+impl Arbiter {
+    fn register(&mut self, request: RegisterApp) -> Reply<i64> {
+        if request.name.trim().is_empty() || request.name.len() > 200 {
+            return refuse(ArbiterError::InvalidApp(
+                "name must be 1 to 200 characters".to_owned(),
+            ));
+        }
+        let probe = App {
+            id: AppId::from("new"),
+            kind: request.kind.clone(),
+        };
+        if let Err(reason) = probe.validate() {
+            return refuse(ArbiterError::InvalidApp(reason));
+        }
+        let now = self.now();
+        let store = self.store.clone();
+        Box::pin(
+            async move {
+                let state = serde_json::to_value(&request.kind)
+                    .map_err(|error| ArbiterError::Internal(error.to_string()))?;
+                let new_app = NewApp {
+                    tenant: request.tenant,
+                    name: &request.name,
+                    kind: kind_name(&request.kind),
+                    bidding: request.bidding.as_str(),
+                    state,
+                    jobs: probe.jobs(),
+                    arrived_at: now,
+                };
+                let id = store
+                    .insert_app(&new_app)
+                    .await
+                    .map_err(|error| match error {
+                        StoreError::Database(ref db) if is_unique_violation(db) => {
+                            ArbiterError::DuplicateAppName(request.name.clone())
+                        }
+                        other => other.into(),
+                    })?;
+                Ok((id, request.tenant, request.bidding, request.kind))
+            }
+            .into_actor(self)
+            .map(move |result: Result<_, ArbiterError>, arbiter, ctx| {
+                let (id, tenant, bidding, kind) = result?;
+                let app = App {
+                    id: app_id(id),
+                    kind,
+                };
+                arbiter
+                    .market
+                    .add_app(app, now)
+                    .map_err(|error| ArbiterError::Internal(error.to_string()))?;
+                arbiter.join(app_id(id), tenant, bidding, ctx);
+                arbiter.open_round_if_idle(ctx);
+                Ok(id)
+            }),
+        )
+    }
+}
+
+fn kind_name(kind: &AppKind) -> &'static str {
+    match kind {
+        AppKind::SingleJob { .. } => "single_job",
+        AppKind::SuccessiveHalving(_) => "successive_halving",
+        AppKind::PerformanceCurve(_) => "performance_curve",
+    }
+}
+
+fn is_unique_violation(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|db| db.code().as_deref() == Some("23505"))
+}
+
+/// The answer to a progress report.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ProgressAck {
+    /// The app has nothing left to run: it left the market and its leases were released.
+    pub finished: bool,
+}
+
+#[derive(Debug, Message)]
+#[rtype(result = "Result<ProgressAck, ArbiterError>")]
+pub struct ReportProgress {
+    pub tenant: Option<i64>,
+    pub app: i64,
+    pub jobs: Vec<JobProgress>,
+}
+
+impl Handler<ReportProgress> for Arbiter {
+    type Result = AtomicResponse<Self, Result<ProgressAck, ArbiterError>>;
+
+    fn handle(&mut self, request: ReportProgress, _: &mut Self::Context) -> Self::Result {
+        AtomicResponse::new(self.report_progress(request))
+    }
+}
+
+impl Arbiter {
+    fn report_progress(&mut self, request: ReportProgress) -> Reply<ProgressAck> {
+        let staged = (|| {
+            let id = self.authorize(request.tenant, request.app)?;
+            let mut next = self.market.clone();
+            let app = next
+                .app_mut(&id)
+                .ok_or(ArbiterError::AppNotActive(request.app))?;
+            let slowdowns = app.apply_progress(&request.jobs)?;
+            let finished = app.is_finished();
+            let state = serde_json::to_value(&app.kind)
+                .map_err(|error| ArbiterError::Internal(error.to_string()))?;
+            let mut commit = if finished {
+                let released = next
+                    .remove_app(&id, self.now())
+                    .map_err(|error| ArbiterError::Internal(error.to_string()))?;
+                let mut commit =
+                    records::ended_leases(&self.market, &released, Some("the app finished"))?;
+                commit.finished_apps.push(request.app);
+                commit
+            } else {
+                Commit::default()
+            };
+            commit.app_states.push((request.app, state));
+            let mut observed = slowdowns.into_iter();
+            commit.progress = request
+                .jobs
+                .iter()
+                .map(|report| ProgressSample {
+                    app: request.app,
+                    job: report.job.clone(),
+                    completed_iterations: report.completed_iterations as i64,
+                    stopped: report.stopped,
+                    observed: report.observed.map(|observation| {
+                        let locality = serde_json::to_value(observation.locality)
+                            .ok()
+                            .and_then(|name| name.as_str().map(str::to_owned))
+                            .unwrap_or_default();
+                        (locality, observed.next().unwrap_or(f64::NAN))
+                    }),
+                })
+                .collect();
+            Ok((next, commit, finished, id))
+        })();
+        let (next, commit, finished, id) = match staged {
+            Ok(staged) => staged,
+            Err(error) => return refuse(error),
+        };
+        self.commit(commit, move |arbiter, _| {
+            arbiter.market = next;
+            if finished {
+                arbiter.members.remove(&id);
+            }
+            ProgressAck { finished }
+        })
+    }
+}
+
+#[derive(Debug, Message)]
+#[rtype(result = "Result<(), ArbiterError>")]
+pub struct FinishApp {
+    pub tenant: Option<i64>,
+    pub app: i64,
+}
+
+impl Handler<FinishApp> for Arbiter {
+    type Result = AtomicResponse<Self, Result<(), ArbiterError>>;
+
+    fn handle(&mut self, request: FinishApp, _: &mut Self::Context) -> Self::Result {
+        let staged = (|| {
+            let id = self.authorize(request.tenant, request.app)?;
+            let mut next = self.market.clone();
+            let released = next
+                .remove_app(&id, self.now())
+                .map_err(|error| ArbiterError::Internal(error.to_string()))?;
+            let mut commit =
+                records::ended_leases(&self.market, &released, Some("the app finished"))?;
+            commit.finished_apps.push(request.app);
+            Ok((next, commit, id))
+        })();
+        AtomicResponse::new(match staged {
+            Ok((next, commit, id)) => self.commit(commit, move |arbiter, _| {
+                arbiter.market = next;
+                arbiter.members.remove(&id);
+            }),
+            Err(error) => refuse(error),
+        })
+    }
+}
+
+/// The answer to a bid: stored, with the id auditors find it under.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BidAck {
+    pub bid_id: i64,
+    pub round: i64,
+    /// True when this is a retry with an `Idempotency-Key` seen before: nothing new was stored.
+    pub replayed: bool,
+}
+
+#[derive(Debug, Message)]
+#[rtype(result = "Result<BidAck, ArbiterError>")]
+pub struct SubmitBid {
+    pub tenant: Option<i64>,
+    pub round: i64,
+    pub bid: AppBid,
+    pub idempotency_key: Option<String>,
+}
+
+impl Handler<SubmitBid> for Arbiter {
+    type Result = AtomicResponse<Self, Result<BidAck, ArbiterError>>;
+
+    fn handle(&mut self, request: SubmitBid, _: &mut Self::Context) -> Self::Result {
+        AtomicResponse::new(self.submit_bid(request))
+    }
+}
+
+impl Arbiter {
+    /// A retry with a known `Idempotency-Key` gets the first answer, even after the round
+    /// closed; anything else is checked and stored.
+    fn submit_bid(&mut self, request: SubmitBid) -> Reply<BidAck> {
+        let (Some(key), Ok(app)) = (request.idempotency_key.clone(), app_key(&request.bid.app))
+        else {
+            return self.accept_bid(request);
+        };
+        let store = self.store.clone();
+        Box::pin(
+            async move { store.bid_with_key(app, &key).await }
+                .into_actor(self)
+                .then(move |found, arbiter, _| match found {
+                    Ok(Some(bid_id)) => Box::pin(actix::fut::ready(Ok(BidAck {
+                        bid_id,
+                        round: request.round,
+                        replayed: true,
+                    }))),
+                    Ok(None) => arbiter.accept_bid(request),
+                    Err(error) => refuse(error.into()),
+                }),
+        )
+    }
+
+    fn accept_bid(&mut self, request: SubmitBid) -> Reply<BidAck> {
+        let app = match app_key(&request.bid.app) {
+            Ok(app) => app,
+            Err(_) => return refuse(ArbiterError::AppNotActive(-1)),
+        };
+        if let Err(error) = self.check_bid(&request, app) {
+            return refuse(error);
+        }
+        let store = self.store.clone();
+        let now = self.now();
+        let round = request.round;
+        let bid = request.bid;
+        let key = request.idempotency_key;
+        Box::pin(
+            async move {
+                let stored = store
+                    .insert_framework_bid(round, app, &bid, key.as_deref(), now)
+                    .await?;
+                Ok((stored, bid))
+            }
+            .into_actor(self)
+            .map(move |result: Result<_, ArbiterError>, arbiter, ctx| {
+                let (stored, bid) = result?;
+                let bid_id = match stored {
+                    BidInsert::Stored(id) => id,
+                    BidInsert::Replayed(id) => {
+                        return Ok(BidAck {
+                            bid_id: id,
+                            round,
+                            replayed: true,
+                        })
+                    }
+                    BidInsert::AlreadyBid(_) => {
+                        return Err(ArbiterError::AlreadyBid { app, round })
+                    }
+                };
+                if let RoundState::Open(pending) = &mut arbiter.round {
+                    pending.framework_bids.insert(bid.app.clone(), bid);
+                }
+                arbiter.close_round_if_due(ctx);
+                Ok(BidAck {
+                    bid_id,
+                    round,
+                    replayed: false,
+                })
+            }),
+        )
+    }
+
+    /// Everything that can be checked before the bid is stored.
+    fn check_bid(&self, request: &SubmitBid, app: i64) -> Result<(), ArbiterError> {
+        self.authorize(request.tenant, app)?;
+        let RoundState::Open(pending) = &self.round else {
+            return Err(self.missing_round(request.round));
+        };
+        if pending.id != request.round {
+            return Err(self.missing_round(request.round));
+        }
+        if self.now() > pending.deadline {
+            return Err(ArbiterError::RoundClosed(request.round));
+        }
+        if !pending.offer.bidders.contains(&request.bid.app) {
+            return Err(ArbiterError::NotABidder {
+                app,
+                round: request.round,
+            });
+        }
+        let limit = self.market.config().bids.max_entries;
+        if request.bid.bids.len() > limit {
+            return Err(ArbiterError::TableTooLarge {
+                entries: request.bid.bids.len(),
+                limit,
+            });
+        }
+        validate_bid(&pending.offer.offer.offer, &request.bid)?;
+        Ok(())
+    }
+
+    fn missing_round(&self, round: i64) -> ArbiterError {
+        if round < self.next_round {
+            ArbiterError::RoundClosed(round)
+        } else {
+            ArbiterError::UnknownRound(round)
+        }
+    }
+}
+
+#[derive(Debug, Message)]
+#[rtype(result = "Result<(), ArbiterError>")]
+pub struct ReleaseLease {
+    pub tenant: Option<i64>,
+    pub lease: i64,
+}
+
+impl Handler<ReleaseLease> for Arbiter {
+    type Result = AtomicResponse<Self, Result<(), ArbiterError>>;
+
+    fn handle(&mut self, request: ReleaseLease, _: &mut Self::Context) -> Self::Result {
+        let staged = (|| {
+            let id = LeaseId(request.lease as u64);
+            let lease = self
+                .market
+                .leases()
+                .get(id)
+                .ok_or(ArbiterError::LeaseNotActive(request.lease))?;
+            self.authorize(request.tenant, app_key(&lease.app)?)?;
+            let mut next = self.market.clone();
+            let released = next
+                .release_lease(id, self.now())
+                .map_err(|_| ArbiterError::LeaseNotActive(request.lease))?;
+            let commit = records::ended_leases(&next, &[released], Some("released by the app"))?;
+            Ok((next, commit))
+        })();
+        AtomicResponse::new(match staged {
+            Ok((next, commit)) => self.commit(commit, move |arbiter, _| arbiter.market = next),
+            Err(error) => refuse(error),
+        })
+    }
+}
+
+/// The answer to a drain: the lease given notice, if the GPU was leased.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DrainAck {
+    pub gpu: String,
+    pub lease: Option<i64>,
+    /// When the lease is revoked and the GPU leaves service.
+    pub revoke_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Operator request: take a GPU out of service after a notice period (to be repaired), or put
+/// it back (`healthy: true`).
+#[derive(Debug, Message)]
+#[rtype(result = "Result<DrainAck, ArbiterError>")]
+pub struct SetGpuService {
+    pub gpu: String,
+    pub healthy: bool,
+}
+
+impl Handler<SetGpuService> for Arbiter {
+    type Result = AtomicResponse<Self, Result<DrainAck, ArbiterError>>;
+
+    fn handle(&mut self, request: SetGpuService, _: &mut Self::Context) -> Self::Result {
+        let Some(index) = self
+            .market
+            .cluster()
+            .index_of(&agora_market::topology::GpuId(request.gpu.clone()))
+        else {
+            return AtomicResponse::new(refuse(ArbiterError::UnknownGpu(request.gpu)));
+        };
+        let now = self.now();
+        if request.healthy {
+            self.draining.remove(&index);
+            let mut next = self.market.clone();
+            next.set_gpu_health(index, true, now);
+            let commit = Commit {
+                gpu_health: vec![(request.gpu.clone(), true)],
+                ..Commit::default()
+            };
+            return AtomicResponse::new(self.commit(commit, move |arbiter, _| {
+                arbiter.market = next;
+                DrainAck {
+                    gpu: request.gpu,
+                    lease: None,
+                    revoke_at: to_datetime(now),
+                }
+            }));
+        }
+        let holder = self.market.leases().holder_of(index).cloned();
+        let revoke_at = now.saturating_add(match holder {
+            Some(_) => self.settings.revocation_grace,
+            None => std::time::Duration::ZERO,
+        });
+        let mut commit = Commit::default();
+        if let Some(lease) = &holder {
+            let reason = format!("GPU {} is being drained by an operator", request.gpu);
+            commit.notices.push((lease.id.0 as i64, reason.clone()));
+            match app_key(&lease.app) {
+                Ok(app) => commit.events.push(crate::store::AppEvent {
+                    app,
+                    kind: "revocation_notice",
+                    payload: serde_json::json!({
+                        "lease": lease.id.0,
+                        "gpu": request.gpu,
+                        "revoke_at": to_datetime(revoke_at),
+                        "reason": reason,
+                    }),
+                }),
+                Err(error) => return AtomicResponse::new(refuse(error.into())),
+            }
+        }
+        let lease = holder.map(|lease| lease.id.0 as i64);
+        AtomicResponse::new(self.commit(commit, move |arbiter, _| {
+            arbiter.draining.insert(index);
+            arbiter.schedule(revoke_at, Timer::Revocation(index));
+            DrainAck {
+                gpu: request.gpu,
+                lease,
+                revoke_at: to_datetime(revoke_at),
+            }
+        }))
+    }
+}
+
+/// An app's position now, for the "why" view.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AppStanding {
+    /// rho now; `None` while the app holds no GPU (starving).
+    pub rho: Option<f64>,
+    pub gpus_held: usize,
+    pub unmet_demand: usize,
+    /// 0 is the worst rho, the first to be offered GPUs.
+    pub position: usize,
+    pub active_apps: usize,
+    /// How many of the worst apps are offered GPUs in a round, ceil((1 - f) N).
+    pub bidders_per_round: usize,
+}
+
+#[derive(Debug, Message)]
+#[rtype(result = "Result<AppStanding, ArbiterError>")]
+pub struct StandingOf {
+    pub tenant: Option<i64>,
+    pub app: i64,
+}
+
+impl Handler<StandingOf> for Arbiter {
+    type Result = Result<AppStanding, ArbiterError>;
+
+    fn handle(&mut self, request: StandingOf, _: &mut Self::Context) -> Self::Result {
+        let id = self.authorize(request.tenant, request.app)?;
+        let now: Timestamp = self.now();
+        let standings = self.market.standings(now);
+        let position = standings
+            .iter()
+            .position(|standing| standing.app == id)
+            .ok_or(ArbiterError::AppNotActive(request.app))?;
+        let standing = &standings[position];
+        let f = self.market.config().fairness_knob;
+        Ok(AppStanding {
+            rho: standing.rho.map(f64::from),
+            gpus_held: self
+                .market
+                .leases()
+                .leases_of(&id)
+                .map(|lease| lease.gpus.len())
+                .sum(),
+            unmet_demand: standing.unmet_demand,
+            position,
+            active_apps: standings.len(),
+            bidders_per_round: ((1.0 - f) * standings.len() as f64).ceil().max(1.0) as usize,
+        })
+    }
+}

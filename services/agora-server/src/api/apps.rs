@@ -1,0 +1,285 @@
+//! Apps: register, report progress, finish, leases, and "why did I get what I got".
+
+use actix_web::{get, post, web, HttpResponse};
+use agora_market::app::AppKind;
+use agora_market::progress::JobProgress;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::problem::{ApiError, Problem};
+use super::{authorized_app, ApiState, Caller};
+use crate::actors::agent::Bidding;
+use crate::actors::requests::{
+    AppStanding, FinishApp, ProgressAck, RegisterApp, ReportProgress, StandingOf,
+};
+use crate::store::{AppRow, LeaseView};
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "name": "resnet-sweep",
+    "bidding": "agent",
+    "app": {"kind": "single_job", "job": {"id": "trial-0", "total_iterations": 1000,
+            "serial_iteration_time": 0.5, "max_gpus": 2}}
+}))]
+pub struct RegisterBody {
+    /// Unique within the tenant.
+    pub name: String,
+    /// `agent` (default): the arbiter's agent bids from the reported progress. `explicit`: the
+    /// framework posts its own bids for each offer.
+    #[serde(default = "default_bidding")]
+    pub bidding: String,
+    /// The search: `single_job`, `successive_halving` or `performance_curve`, with its jobs
+    /// (the engine's app format, `docs/simulator-inputs.md`).
+    #[schema(value_type = Object)]
+    pub app: AppKind,
+}
+
+fn default_bidding() -> String {
+    "agent".to_owned()
+}
+
+/// Register an app (a hyper-parameter search) of the calling tenant.
+#[utoipa::path(post, path = "/v1/apps", request_body = RegisterBody,
+    responses((status = 201, body = AppRow), (status = 409, body = Problem), (status = 422, body = Problem)))]
+#[post("/v1/apps")]
+pub async fn register_app(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    body: web::Json<RegisterBody>,
+) -> Result<HttpResponse, ApiError> {
+    let tenant = caller.require_tenant()?;
+    let body = body.into_inner();
+    let bidding = Bidding::parse(&body.bidding).ok_or_else(|| {
+        ApiError::unprocessable("invalid_app", "bidding must be `agent` or `explicit`")
+    })?;
+    let id = state
+        .arbiter
+        .send(RegisterApp {
+            tenant,
+            name: body.name,
+            bidding,
+            kind: body.app,
+        })
+        .await??;
+    let row = authorized_app(&state, caller, id).await?;
+    Ok(HttpResponse::Created().json(row))
+}
+
+/// The calling tenant's apps, finished ones included.
+#[utoipa::path(get, path = "/v1/apps", responses((status = 200, body = Vec<AppRow>)))]
+#[get("/v1/apps")]
+pub async fn list_apps(
+    state: web::Data<ApiState>,
+    caller: Caller,
+) -> Result<HttpResponse, ApiError> {
+    let tenant = caller.require_tenant()?;
+    Ok(HttpResponse::Ok().json(state.store.apps_of(tenant).await?))
+}
+
+#[utoipa::path(get, path = "/v1/apps/{app}", params(("app" = i64, Path)),
+    responses((status = 200, body = AppRow), (status = 403, body = Problem), (status = 404, body = Problem)))]
+#[get("/v1/apps/{app}")]
+pub async fn get_app(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    app: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(authorized_app(&state, caller, *app).await?))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"jobs": [{"job": "trial-0", "completed_iterations": 120,
+    "observed": {"locality": "same_machine", "gpus": 2, "seconds_per_iteration": 0.27}}]}))]
+pub struct ProgressBody {
+    #[schema(value_type = Vec<Object>)]
+    pub jobs: Vec<JobProgress>,
+}
+
+/// Report job progress: iterations done, jobs stopped early, observed iteration times. An app
+/// with nothing left to run finishes.
+#[utoipa::path(post, path = "/v1/apps/{app}/progress", params(("app" = i64, Path)),
+    request_body = ProgressBody,
+    responses((status = 200, body = ProgressAck), (status = 422, body = Problem)))]
+#[post("/v1/apps/{app}/progress")]
+pub async fn report_progress(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    app: web::Path<i64>,
+    body: web::Json<ProgressBody>,
+) -> Result<HttpResponse, ApiError> {
+    authorized_app(&state, caller, *app).await?;
+    let ack = state
+        .arbiter
+        .send(ReportProgress {
+            tenant: caller.tenant(),
+            app: *app,
+            jobs: body.into_inner().jobs,
+        })
+        .await??;
+    Ok(HttpResponse::Ok().json(ack))
+}
+
+/// The search is over: the app leaves the market and its leases are released.
+#[utoipa::path(post, path = "/v1/apps/{app}/finish", params(("app" = i64, Path)),
+    responses((status = 204), (status = 409, body = Problem)))]
+#[post("/v1/apps/{app}/finish")]
+pub async fn finish_app(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    app: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    authorized_app(&state, caller, *app).await?;
+    state
+        .arbiter
+        .send(FinishApp {
+            tenant: caller.tenant(),
+            app: *app,
+        })
+        .await??;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// Every lease of the app, with each GPU's host and CUDA UUID.
+#[utoipa::path(get, path = "/v1/apps/{app}/leases", params(("app" = i64, Path)),
+    responses((status = 200, body = Vec<LeaseView>)))]
+#[get("/v1/apps/{app}/leases")]
+pub async fn app_leases(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    app: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    authorized_app(&state, caller, *app).await?;
+    Ok(HttpResponse::Ok().json(state.store.leases_of(*app).await?))
+}
+
+/// Why the app has what it has.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Why {
+    pub app: i64,
+    /// Where it stands now; `None` once it finished.
+    pub now: Option<AppStanding>,
+    pub last_round: Option<LastRoundWhy>,
+    /// The answer in words.
+    pub explanation: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LastRoundWhy {
+    pub round: i64,
+    pub bidder: bool,
+    /// 0 is the worst rho.
+    pub position: i32,
+    pub rho: Option<f64>,
+    pub bid_entries: usize,
+    pub pf_entry: Option<i32>,
+    pub c: Option<f64>,
+    pub won_gpus: Vec<String>,
+    pub leftover_gpus: Vec<String>,
+}
+
+#[utoipa::path(get, path = "/v1/apps/{app}/why", params(("app" = i64, Path)),
+    responses((status = 200, body = Why)))]
+#[get("/v1/apps/{app}/why")]
+pub async fn why(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    app: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let row = authorized_app(&state, caller, *app).await?;
+    let now = match row.finished_at {
+        Some(_) => None,
+        None => state
+            .arbiter
+            .send(StandingOf {
+                tenant: caller.tenant(),
+                app: row.id,
+            })
+            .await?
+            .ok(),
+    };
+    let last_round = last_round_why(&state, row.id).await?;
+    let explanation = explain(&row, now.as_ref(), last_round.as_ref());
+    Ok(HttpResponse::Ok().json(Why {
+        app: row.id,
+        now,
+        last_round,
+        explanation,
+    }))
+}
+
+async fn last_round_why(state: &ApiState, app: i64) -> Result<Option<LastRoundWhy>, ApiError> {
+    let Some(last) = state.store.last_round_of(app).await? else {
+        return Ok(None);
+    };
+    let Some(round) = state.store.stored_round(last.round_id).await? else {
+        return Ok(None);
+    };
+    let bid_entries = round
+        .bids
+        .iter()
+        .find(|bid| bid.app_id == app)
+        .map_or(0, |bid| bid.entries.len());
+    let allocation = round.allocations.into_iter().find(|row| row.app == app);
+    Ok(Some(LastRoundWhy {
+        round: last.round_id,
+        bidder: last.bidder,
+        position: last.position,
+        rho: last.rho,
+        bid_entries,
+        pf_entry: allocation.as_ref().and_then(|row| row.pf_entry),
+        c: allocation.as_ref().and_then(|row| row.c),
+        won_gpus: allocation
+            .as_ref()
+            .map(|row| row.kept_gpus.clone())
+            .unwrap_or_default(),
+        leftover_gpus: allocation.map(|row| row.leftover_gpus).unwrap_or_default(),
+    }))
+}
+
+fn explain(row: &AppRow, now: Option<&AppStanding>, last: Option<&LastRoundWhy>) -> String {
+    if row.finished_at.is_some() {
+        return "the app has finished and holds no GPUs".to_owned();
+    }
+    if let Some(now) = now.filter(|now| now.unmet_demand == 0) {
+        return format!(
+            "it holds {} GPUs, all its running jobs can use, so it is not offered more",
+            now.gpus_held
+        );
+    }
+    let Some(last) = last else {
+        return "no round has run since it arrived; the next free GPUs are offered to it if its rho is among the worst".to_owned();
+    };
+    let got = last.won_gpus.len() + last.leftover_gpus.len();
+    if !last.bidder {
+        let bidders = now.map_or(1, |now| now.bidders_per_round);
+        return format!(
+            "in round {} its rho ranked {} of the apps; only the worst {} by rho are offered GPUs each round, so it could only get leftovers ({} GPUs)",
+            last.round,
+            last.position + 1,
+            bidders,
+            last.leftover_gpus.len()
+        );
+    }
+    if got > 0 {
+        return format!(
+            "in round {} it bid and won {} GPUs in the auction and {} as leftovers (hidden payment share c = {})",
+            last.round,
+            last.won_gpus.len(),
+            last.leftover_gpus.len(),
+            last.c.map_or("-".to_owned(), |c| format!("{c:.3}"))
+        );
+    }
+    match last.pf_entry {
+        None => format!(
+            "in round {} it bid ({} bundles), but the proportional-fair choice gave the offered GPUs to bidders whose rho improved more; it is offered GPUs again as leases end",
+            last.round, last.bid_entries
+        ),
+        Some(_) => format!(
+            "in round {} it won a bundle, but its hidden payment (c = {}) rounded its share down to no GPU",
+            last.round,
+            last.c.map_or("-".to_owned(), |c| format!("{c:.3}"))
+        ),
+    }
+}

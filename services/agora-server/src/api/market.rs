@@ -1,0 +1,279 @@
+//! Tenants, bids, rounds, leases and the cluster.
+
+use actix_web::{get, post, web, HttpRequest, HttpResponse};
+use agora_market::app::AppId;
+use agora_market::auction::{AppBid, BidEntry};
+use agora_market::rho::Rho;
+use agora_market::topology::GpuId;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::problem::{ApiError, Problem};
+use super::{authorized_app, ApiState, Caller};
+use crate::actors::requests::{BidAck, DrainAck, ReleaseLease, SetGpuService, SubmitBid};
+use crate::store::{GpuView, RoundDetail, RoundSummary};
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "vision-team"}))]
+pub struct TenantBody {
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantCreated {
+    pub id: i64,
+    pub name: String,
+    /// The tenant's API token. Shown once: only its hash is stored.
+    pub token: String,
+}
+
+/// Create a tenant and its first API token (admin only).
+#[utoipa::path(post, path = "/v1/tenants", request_body = TenantBody,
+    responses((status = 201, body = TenantCreated), (status = 403, body = Problem)))]
+#[post("/v1/tenants")]
+pub async fn create_tenant(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    body: web::Json<TenantBody>,
+) -> Result<HttpResponse, ApiError> {
+    if caller != Caller::Admin {
+        return Err(ApiError::admin_only());
+    }
+    let name = body.into_inner().name;
+    if name.trim().is_empty() {
+        return Err(ApiError::unprocessable(
+            "invalid_tenant",
+            "name must not be empty",
+        ));
+    }
+    let token = new_token();
+    let id = state
+        .store
+        .create_tenant(&name, &super::token_sha256(&token))
+        .await
+        .map_err(|error| match error {
+            crate::store::StoreError::Database(ref db)
+                if db
+                    .as_database_error()
+                    .is_some_and(|db| db.is_unique_violation()) =>
+            {
+                ApiError::new(
+                    actix_web::http::StatusCode::CONFLICT,
+                    "duplicate_tenant",
+                    format!("a tenant named {name:?} exists"),
+                )
+            }
+            other => other.into(),
+        })?;
+    Ok(HttpResponse::Created().json(TenantCreated { id, name, token }))
+}
+
+/// A random bearer token: `agora_` and 64 hex digits (256 bits).
+fn new_token() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("the operating system provides randomness");
+    format!("agora_{}", hex::encode(bytes))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BidEntryBody {
+    pub gpus: Vec<String>,
+    /// The app's rho if it wins this bundle: finite and > 0.
+    pub rho: f64,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"app": 7, "rho_old": 2.4,
+    "bids": [{"gpus": ["m3-g0", "m3-g1"], "rho": 1.3}, {"gpus": ["m3-g0"], "rho": 1.8}]}))]
+pub struct BidBody {
+    pub app: i64,
+    /// rho if the app wins nothing; `null` when it holds no GPU (starving). Required.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub rho_old: Option<f64>,
+    pub bids: Vec<BidEntryBody>,
+}
+
+impl BidBody {
+    fn into_bid(self) -> Result<AppBid, ApiError> {
+        let rho = |value: f64| {
+            Rho::new(value)
+                .map_err(|error| ApiError::unprocessable("invalid_rho", error.to_string()))
+        };
+        Ok(AppBid {
+            app: AppId(self.app.to_string()),
+            rho_old: self.rho_old.map(rho).transpose()?,
+            bids: self
+                .bids
+                .into_iter()
+                .map(|entry| {
+                    Ok(BidEntry {
+                        gpus: entry.gpus.into_iter().map(GpuId).collect(),
+                        rho: rho(entry.rho)?,
+                    })
+                })
+                .collect::<Result<_, ApiError>>()?,
+        })
+    }
+}
+
+/// Bid for an offer. Send an `Idempotency-Key` header to make retries safe: a repeated key
+/// returns the first answer and stores nothing.
+#[utoipa::path(post, path = "/v1/rounds/{round}/bids", params(("round" = i64, Path),
+    ("Idempotency-Key" = Option<String>, Header)), request_body = BidBody,
+    responses((status = 201, body = BidAck), (status = 200, body = BidAck, description = "a retry"),
+              (status = 409, body = Problem), (status = 422, body = Problem)))]
+#[post("/v1/rounds/{round}/bids")]
+pub async fn submit_bid(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    round: web::Path<i64>,
+    request: HttpRequest,
+    body: web::Json<BidBody>,
+) -> Result<HttpResponse, ApiError> {
+    let body = body.into_inner();
+    authorized_app(&state, caller, body.app).await?;
+    let idempotency_key = request
+        .headers()
+        .get("idempotency-key")
+        .map(|value| {
+            value
+                .to_str()
+                .ok()
+                .filter(|key| !key.is_empty() && key.len() <= 200)
+                .map(str::to_owned)
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "bad_idempotency_key",
+                        "Idempotency-Key must be 1 to 200 visible ASCII characters",
+                    )
+                })
+        })
+        .transpose()?;
+    let ack = state
+        .arbiter
+        .send(SubmitBid {
+            tenant: caller.tenant(),
+            round: *round,
+            bid: body.into_bid()?,
+            idempotency_key,
+        })
+        .await??;
+    Ok(if ack.replayed {
+        HttpResponse::Ok().json(ack)
+    } else {
+        HttpResponse::Created().json(ack)
+    })
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct RoundsQuery {
+    /// Only rounds with a smaller id (the next page).
+    pub before: Option<i64>,
+    /// At most this many (default 50, at most 500).
+    pub limit: Option<i64>,
+}
+
+/// Round history, newest first.
+#[utoipa::path(get, path = "/v1/rounds", params(RoundsQuery),
+    responses((status = 200, body = Vec<RoundSummary>)))]
+#[get("/v1/rounds")]
+pub async fn list_rounds(
+    state: web::Data<ApiState>,
+    _caller: Caller,
+    query: web::Query<RoundsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let limit = query.limit.unwrap_or(50).clamp(1, 500);
+    Ok(HttpResponse::Ok().json(state.store.rounds(query.before, limit).await?))
+}
+
+/// One round in full: offer, standings, bids, PF choice, payments, allocations, leftovers.
+/// Other tenants' apps appear without ids or bid tables.
+#[utoipa::path(get, path = "/v1/rounds/{round}", params(("round" = i64, Path)),
+    responses((status = 200, body = RoundDetail), (status = 404, body = Problem)))]
+#[get("/v1/rounds/{round}")]
+pub async fn get_round(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    round: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let detail = state
+        .store
+        .round_detail(*round, caller.tenant())
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("round {round} does not exist")))?;
+    Ok(HttpResponse::Ok().json(detail))
+}
+
+/// Give a lease back before its end.
+#[utoipa::path(post, path = "/v1/leases/{lease}/release", params(("lease" = i64, Path)),
+    responses((status = 204), (status = 409, body = Problem)))]
+#[post("/v1/leases/{lease}/release")]
+pub async fn release_lease(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    lease: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    state
+        .arbiter
+        .send(ReleaseLease {
+            tenant: caller.tenant(),
+            lease: *lease,
+        })
+        .await??;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClusterView {
+    pub gpus: Vec<GpuView>,
+}
+
+/// Machines and GPUs, their health, and who holds what (other tenants' holders hidden).
+#[utoipa::path(get, path = "/v1/cluster", responses((status = 200, body = ClusterView)))]
+#[get("/v1/cluster")]
+pub async fn cluster(state: web::Data<ApiState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    let gpus = state.store.cluster(caller.tenant()).await?;
+    Ok(HttpResponse::Ok().json(ClusterView { gpus }))
+}
+
+/// Take a GPU out of service (admin). Its lease, if any, gets a revocation notice and is
+/// revoked after the grace period.
+#[utoipa::path(post, path = "/v1/cluster/gpus/{gpu}/drain", params(("gpu" = String, Path)),
+    responses((status = 200, body = DrainAck), (status = 403, body = Problem)))]
+#[post("/v1/cluster/gpus/{gpu}/drain")]
+pub async fn drain_gpu(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    gpu: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    set_service(state, caller, gpu.into_inner(), false).await
+}
+
+/// Put a drained GPU back into service (admin).
+#[utoipa::path(post, path = "/v1/cluster/gpus/{gpu}/restore", params(("gpu" = String, Path)),
+    responses((status = 200, body = DrainAck), (status = 403, body = Problem)))]
+#[post("/v1/cluster/gpus/{gpu}/restore")]
+pub async fn restore_gpu(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    gpu: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    set_service(state, caller, gpu.into_inner(), true).await
+}
+
+async fn set_service(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    gpu: String,
+    healthy: bool,
+) -> Result<HttpResponse, ApiError> {
+    if caller != Caller::Admin {
+        return Err(ApiError::admin_only());
+    }
+    let ack = state.arbiter.send(SetGpuService { gpu, healthy }).await??;
+    Ok(HttpResponse::Ok().json(ack))
+}

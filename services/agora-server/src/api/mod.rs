@@ -1,0 +1,210 @@
+//! The HTTP API (actix-web): translation between HTTP and the arbiter or the store, nothing
+//! else. `/openapi.json` is generated from these handlers; `docs/api.md` walks through it.
+
+mod apps;
+mod events;
+mod market;
+pub mod problem;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use actix::Addr;
+use actix_web::dev::Payload;
+use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
+use actix_web::{web, FromRequest, HttpRequest, HttpResponse};
+use sha2::{Digest, Sha256};
+use tokio::sync::broadcast;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use crate::actors::arbiter::Arbiter;
+use crate::store::{AppRow, Store};
+use problem::ApiError;
+
+/// What every handler can reach.
+#[derive(Debug, Clone)]
+pub struct ApiState {
+    pub store: Store,
+    pub arbiter: Addr<Arbiter>,
+    pub admin_token_sha256: Option<[u8; 32]>,
+    /// App ids that have new events (see `app_events`).
+    pub events: broadcast::Sender<i64>,
+}
+
+/// Who is calling: a tenant, or the admin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    Admin,
+    Tenant(i64),
+}
+
+impl Caller {
+    /// The tenant to restrict to; `None` for the admin, who sees everything.
+    pub fn tenant(self) -> Option<i64> {
+        match self {
+            Self::Admin => None,
+            Self::Tenant(tenant) => Some(tenant),
+        }
+    }
+
+    pub fn require_tenant(self) -> Result<i64, ApiError> {
+        self.tenant().ok_or_else(|| {
+            ApiError::bad_request(
+                "tenant_required",
+                "this acts for a tenant: use a tenant's token, not the admin token",
+            )
+        })
+    }
+}
+
+pub fn token_sha256(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl FromRequest for Caller {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(request: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let state = request.app_data::<web::Data<ApiState>>().cloned();
+        let token = request
+            .headers()
+            .get("authorization")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .map(|token| token_sha256(token.trim()));
+        Box::pin(async move {
+            let (Some(state), Some(hash)) = (state, token) else {
+                return Err(ApiError::unauthorized());
+            };
+            if state.admin_token_sha256 == Some(hash) {
+                return Ok(Self::Admin);
+            }
+            match state.store.tenant_for_token(&hash).await? {
+                Some(tenant) => Ok(Self::Tenant(tenant)),
+                None => Err(ApiError::unauthorized()),
+            }
+        })
+    }
+}
+
+/// The app, if it exists and `caller` may see it.
+async fn authorized_app(state: &ApiState, caller: Caller, app: i64) -> Result<AppRow, ApiError> {
+    let row = state
+        .store
+        .app(app)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("app {app} does not exist")))?;
+    match caller.tenant() {
+        Some(tenant) if tenant != row.tenant_id => Err(ApiError::new(
+            actix_web::http::StatusCode::FORBIDDEN,
+            "foreign_app",
+            format!("app {app} belongs to another tenant"),
+        )),
+        _ => Ok(row),
+    }
+}
+
+/// Routes and extractor settings of the whole API.
+pub fn configure(config: &mut web::ServiceConfig) {
+    config
+        .app_data(
+            web::JsonConfig::default()
+                .limit(1 << 20)
+                .error_handler(json_error),
+        )
+        .app_data(web::PathConfig::default().error_handler(path_error))
+        .app_data(web::QueryConfig::default().error_handler(query_error))
+        .route(
+            "/healthz",
+            web::get().to(|| async { HttpResponse::Ok().body("ok") }),
+        )
+        .route("/openapi.json", web::get().to(openapi))
+        .service(market::create_tenant)
+        .service(apps::register_app)
+        .service(apps::list_apps)
+        .service(apps::get_app)
+        .service(apps::report_progress)
+        .service(apps::finish_app)
+        .service(apps::app_leases)
+        .service(apps::why)
+        .service(events::stream)
+        .service(events::poll)
+        .service(market::submit_bid)
+        .service(market::list_rounds)
+        .service(market::get_round)
+        .service(market::release_lease)
+        .service(market::cluster)
+        .service(market::drain_gpu)
+        .service(market::restore_gpu)
+        .default_service(web::to(|| async {
+            Err::<HttpResponse, _>(ApiError::not_found("no such endpoint; see /openapi.json"))
+        }));
+}
+
+fn json_error(error: JsonPayloadError, _: &HttpRequest) -> actix_web::Error {
+    let status = match error {
+        JsonPayloadError::OverflowKnownLength { .. } | JsonPayloadError::Overflow { .. } => {
+            actix_web::http::StatusCode::PAYLOAD_TOO_LARGE
+        }
+        _ => actix_web::http::StatusCode::BAD_REQUEST,
+    };
+    ApiError::new(status, "malformed_json", error.to_string()).into()
+}
+
+fn path_error(error: PathError, _: &HttpRequest) -> actix_web::Error {
+    ApiError::not_found(format!("bad path: {error}")).into()
+}
+
+fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
+    ApiError::bad_request("bad_query", error.to_string()).into()
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Agora arbiter API",
+        description = "A fair GPU marketplace (Themis): register apps, report progress, follow offers, bid, hold leases, audit rounds."
+    ),
+    paths(
+        market::create_tenant,
+        apps::register_app,
+        apps::list_apps,
+        apps::get_app,
+        apps::report_progress,
+        apps::finish_app,
+        apps::app_leases,
+        apps::why,
+        events::stream,
+        events::poll,
+        market::submit_bid,
+        market::list_rounds,
+        market::get_round,
+        market::release_lease,
+        market::cluster,
+        market::drain_gpu,
+        market::restore_gpu,
+    ),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+#[derive(Debug)]
+pub struct ApiDoc;
+
+#[derive(Debug)]
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+async fn openapi() -> HttpResponse {
+    HttpResponse::Ok().json(ApiDoc::openapi())
+}

@@ -1,0 +1,120 @@
+//! `agora audit replay`: recompute a stored round with the engine from its stored inputs (offer,
+//! standings, holdings, every bid row, seed) and compare with the stored outcome, row by row.
+
+use std::collections::BTreeSet;
+
+use agora_market::auction::Offer;
+use agora_market::leftover::LeftoverPolicy;
+use agora_market::market::Standing;
+use agora_market::round::{decide_round, RoundInputs};
+use agora_market::topology::GpuLocation;
+use anyhow::{bail, Context as _};
+use serde::Serialize;
+
+use crate::actors::records::allocation_rows_of;
+use crate::clock::from_datetime;
+use crate::server::app_bid;
+use crate::store::{app_id, AllocationRow, Store, StoredRound};
+
+/// The verdict on one round.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Replay {
+    pub round: i64,
+    pub matches: bool,
+    /// What differs, in words; empty when it matches.
+    pub differences: Vec<String>,
+}
+
+/// Replays round `round`. Fails if it is not stored or not closed.
+pub async fn replay_round(store: &Store, round: i64) -> anyhow::Result<Replay> {
+    let stored = store
+        .stored_round(round)
+        .await?
+        .with_context(|| format!("round {round} is not in the database"))?;
+    if stored.status != "closed" {
+        bail!(
+            "round {round} is {}; only closed rounds have an outcome to check",
+            stored.status
+        );
+    }
+    let mut differences = Vec::new();
+    if stored.engine_version != agora_market::ENGINE_VERSION {
+        differences.push(format!(
+            "decided by engine {}, replayed with engine {}",
+            stored.engine_version,
+            agora_market::ENGINE_VERSION
+        ));
+    }
+    let inputs = inputs_of(&stored)?;
+    let decision = decide_round(&inputs).with_context(|| format!("replaying round {round}"))?;
+    let expected = allocation_rows_of(Some(&decision.auction), &decision.leftover_grants)?;
+    compare_rows(&expected, &stored.allocations, &mut differences);
+    let granted: BTreeSet<&str> = decision
+        .grants
+        .values()
+        .flatten()
+        .map(|gpu| gpu.0.as_str())
+        .collect();
+    let unallocated: Vec<String> = inputs
+        .offer
+        .ids()
+        .filter(|gpu| !granted.contains(gpu.0.as_str()))
+        .map(|gpu| gpu.0.clone())
+        .collect();
+    if unallocated != stored.unallocated {
+        differences.push(format!(
+            "unallocated GPUs: replay {unallocated:?}, stored {:?}",
+            stored.unallocated
+        ));
+    }
+    Ok(Replay {
+        round,
+        matches: differences.is_empty(),
+        differences,
+    })
+}
+
+fn inputs_of(stored: &StoredRound) -> anyhow::Result<RoundInputs> {
+    let offer: Offer = serde_json::from_value(stored.offer.clone()).context("stored offer")?;
+    let standings: Vec<Standing> =
+        serde_json::from_value(stored.standings.clone()).context("stored standings")?;
+    let holds: std::collections::BTreeMap<_, Vec<GpuLocation>> =
+        serde_json::from_value(stored.holds.clone()).context("stored holdings")?;
+    let leftover_policy: LeftoverPolicy =
+        serde_json::from_value(serde_json::Value::String(stored.leftover_policy.clone()))
+            .context("stored leftover policy")?;
+    Ok(RoundInputs {
+        now: from_datetime(stored.opened_at),
+        seed: stored.seed.parse().context("stored seed")?,
+        offer,
+        bidders: stored.bidders.iter().map(|&app| app_id(app)).collect(),
+        standings,
+        holds,
+        bids: stored
+            .bids
+            .iter()
+            .map(app_bid)
+            .collect::<anyhow::Result<_>>()?,
+        leftover_policy,
+    })
+}
+
+fn compare_rows(
+    expected: &[AllocationRow],
+    stored: &[AllocationRow],
+    differences: &mut Vec<String>,
+) {
+    if expected == stored {
+        return;
+    }
+    let apps: BTreeSet<i64> = expected.iter().chain(stored).map(|row| row.app).collect();
+    for app in apps {
+        let replayed = expected.iter().find(|row| row.app == app);
+        let recorded = stored.iter().find(|row| row.app == app);
+        if replayed != recorded {
+            differences.push(format!(
+                "app {app}: replay {replayed:?}, stored {recorded:?}"
+            ));
+        }
+    }
+}

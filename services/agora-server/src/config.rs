@@ -1,0 +1,212 @@
+//! `agora serve` settings: a TOML file, then environment overrides, then validation.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agora_market::market::MarketConfig;
+use serde::Deserialize;
+
+/// The settings of one arbiter. Every field has a default, so an empty file is valid.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on; port 0 picks a free port.
+    pub listen: String,
+    pub database_url: String,
+    /// Token that may create tenants and see everything. Without one, admin endpoints answer 403.
+    pub admin_token: Option<String>,
+    /// The simulated GPU fleet: a cluster file (the simulator's format). Real hosts attach
+    /// through `agora worker` instead.
+    pub fleet: PathBuf,
+    /// Themis's f: the worst (1 - f) fraction of apps by rho bid in each round.
+    pub fairness_knob: f64,
+    pub lease_seconds: u64,
+    /// How long bidders have to bid once a round opens.
+    pub round_deadline_ms: u64,
+    /// Notice given before a lease is revoked (a GPU drained), so jobs can checkpoint.
+    pub revocation_grace_seconds: u64,
+    /// How often the lease manager reads the clock for due timers.
+    pub tick_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".to_owned(),
+            database_url: "postgres://postgres@127.0.0.1:5432/agora".to_owned(),
+            admin_token: None,
+            fleet: PathBuf::from("services/agora-sim/clusters/themis-testbed.toml"),
+            fairness_knob: 0.8,
+            lease_seconds: 600,
+            round_deadline_ms: 2_000,
+            revocation_grace_seconds: 30,
+            tick_ms: 100,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {}: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    #[error("environment variable {name}={value:?} is not valid: {reason}")]
+    Env {
+        name: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("invalid setting: {0}")]
+    Invalid(String),
+}
+
+impl ServerConfig {
+    /// Reads `path` (if given), applies environment overrides from `env`, and validates.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut config = match path {
+            Some(path) => Self::parse_file(path)?,
+            None => Self::default(),
+        };
+        config.apply_environment(env)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn parse_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|error| ConfigError::Parse {
+            path: path.to_owned(),
+            message: error.to_string(),
+        })
+    }
+
+    /// `DATABASE_URL`, `AGORA_LISTEN`, `AGORA_ADMIN_TOKEN`, `AGORA_FLEET` and
+    /// `AGORA_LEASE_SECONDS` override the file.
+    fn apply_environment(
+        &mut self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        if let Some(value) = env("DATABASE_URL") {
+            self.database_url = value;
+        }
+        if let Some(value) = env("AGORA_LISTEN") {
+            self.listen = value;
+        }
+        if let Some(value) = env("AGORA_ADMIN_TOKEN") {
+            self.admin_token = Some(value);
+        }
+        if let Some(value) = env("AGORA_FLEET") {
+            self.fleet = PathBuf::from(value);
+        }
+        if let Some(value) = env("AGORA_LEASE_SECONDS") {
+            self.lease_seconds = value.parse().map_err(|_| ConfigError::Env {
+                name: "AGORA_LEASE_SECONDS",
+                value,
+                reason: "expected a whole number of seconds".to_owned(),
+            })?;
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(0.0..1.0).contains(&self.fairness_knob) {
+            return Err(ConfigError::Invalid(format!(
+                "fairness_knob must lie in [0, 1), got {}",
+                self.fairness_knob
+            )));
+        }
+        let positive = [
+            ("lease_seconds", self.lease_seconds),
+            ("round_deadline_ms", self.round_deadline_ms),
+            ("tick_ms", self.tick_ms),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
+            return Err(ConfigError::Invalid(format!(
+                "{name} must be greater than 0"
+            )));
+        }
+        if self.admin_token.as_deref() == Some("") {
+            return Err(ConfigError::Invalid(
+                "admin_token is empty; set a long random value or leave it out".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The engine's settings. The service always runs Themis with the paper's leftover rule,
+    /// whose rounds can be replayed from their stored inputs.
+    pub fn market(&self) -> MarketConfig {
+        MarketConfig {
+            fairness_knob: self.fairness_knob,
+            lease_length: Duration::from_secs(self.lease_seconds),
+            ..MarketConfig::default()
+        }
+    }
+
+    pub fn round_deadline(&self) -> Duration {
+        Duration::from_millis(self.round_deadline_ms)
+    }
+
+    pub fn revocation_grace(&self) -> Duration {
+        Duration::from_secs(self.revocation_grace_seconds)
+    }
+
+    pub fn tick(&self) -> Duration {
+        Duration::from_millis(self.tick_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn an_empty_file_gives_the_defaults() {
+        let config: ServerConfig = toml::from_str("").expect("empty config");
+        assert_eq!(config, ServerConfig::default());
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let env = |name: &str| match name {
+            "DATABASE_URL" => Some("postgres://db/agora".to_owned()),
+            "AGORA_LEASE_SECONDS" => Some("30".to_owned()),
+            _ => None,
+        };
+        let config = ServerConfig::load(None, env).expect("valid");
+        assert_eq!(config.database_url, "postgres://db/agora");
+        assert_eq!(config.lease_seconds, 30);
+        assert_eq!(config.listen, ServerConfig::default().listen);
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let env = |name: &str| (name == "AGORA_LEASE_SECONDS").then(|| "ten".to_owned());
+        let error = ServerConfig::load(None, env).expect_err("not a number");
+        assert!(error.to_string().contains("AGORA_LEASE_SECONDS"), "{error}");
+
+        let dir = std::env::temp_dir().join(format!("agora-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("agora.toml");
+        std::fs::write(&file, "fairness_knob = 1.5\n").expect("write");
+        let error = ServerConfig::load(Some(&file), no_env).expect_err("f out of range");
+        assert!(error.to_string().contains("fairness_knob"), "{error}");
+        std::fs::write(&file, "lease = 3\n").expect("write");
+        let error = ServerConfig::load(Some(&file), no_env).expect_err("unknown key");
+        assert!(error.to_string().contains("lease"), "{error}");
+    }
+}

@@ -1,0 +1,213 @@
+//! Starting the service: the fleet, the database, the arbiter's state as the database last
+//! recorded it, the actors, and the HTTP server. Must run inside the actix runtime.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use actix::{Actor, Addr};
+use actix_web::dev::ServerHandle;
+use actix_web::{web, App as HttpApp, HttpServer};
+use agora_market::app::{App, AppKind};
+use agora_market::auction::{AppBid, BidEntry, Offer};
+use agora_market::bids::PreparedOffer;
+use agora_market::lease::{Lease, LeaseId, LeaseState};
+use agora_market::market::{Market, RoundOffer, Standing};
+use agora_market::rho::Rho;
+use agora_market::time::Timestamp;
+use agora_market::topology::{Cluster, GpuId, GpuIndex};
+use anyhow::{anyhow, Context as _};
+use tokio::sync::broadcast;
+
+use crate::actors::agent::Bidding;
+use crate::actors::arbiter::{Arbiter, ArbiterSettings, ReopenedRound, Restored};
+use crate::api::{self, ApiState};
+use crate::clock::{from_datetime, Clock};
+use crate::config::ServerConfig;
+use crate::store::{app_id, Store, StoredBid, StoredRound};
+
+/// A started service.
+#[derive(Debug)]
+pub struct Running {
+    /// Where it listens (the real port when the config asked for port 0).
+    pub address: SocketAddr,
+    pub http: ServerHandle,
+    pub arbiter: Addr<Arbiter>,
+    pub store: Store,
+}
+
+impl Running {
+    /// Stops taking requests, finishes the ones in flight, and stops the arbiter.
+    pub async fn stop(&self) {
+        self.http.stop(true).await;
+        self.arbiter.do_send(crate::actors::Shutdown);
+    }
+}
+
+/// Starts everything; the HTTP server runs in the background until [`Running::stop`].
+pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Result<Running> {
+    let cluster = agora_sim::clusters::load_cluster(&config.fleet)
+        .with_context(|| "the simulated fleet (`fleet` in the config, or AGORA_FLEET)")?;
+    let store = Store::connect(&config.database_url).await?;
+    store.sync_fleet(&cluster).await?;
+    let restored = restore(&store, cluster, config, clock.now()).await?;
+    let (events, _) = broadcast::channel(1024);
+    let settings = ArbiterSettings {
+        round_deadline: config.round_deadline(),
+        revocation_grace: config.revocation_grace(),
+        tick: config.tick(),
+    };
+    let arbiter = Arbiter::new(restored, store.clone(), clock, settings, events.clone()).start();
+    let state = ApiState {
+        store: store.clone(),
+        arbiter: arbiter.clone(),
+        admin_token_sha256: config.admin_token.as_deref().map(api::token_sha256),
+        events,
+    };
+    let http = HttpServer::new(move || {
+        HttpApp::new()
+            .app_data(web::Data::new(state.clone()))
+            .wrap(actix_web::middleware::Logger::new("%r %s %Dms").log_target("agora::http"))
+            .configure(api::configure)
+    })
+    .workers(2)
+    .disable_signals()
+    .bind(&config.listen)
+    .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let address = *http
+        .addrs()
+        .first()
+        .ok_or_else(|| anyhow!("bound to no address"))?;
+    let server = http.run();
+    let handle = server.handle();
+    actix_web::rt::spawn(server);
+    tracing::info!(%address, "agora arbiter listening");
+    Ok(Running {
+        address,
+        http: handle,
+        arbiter,
+        store,
+    })
+}
+
+/// The engine's state as the database recorded it: active apps, active leases, drained GPUs,
+/// and the round that was open, if any.
+async fn restore(
+    store: &Store,
+    cluster: Cluster,
+    config: &ServerConfig,
+    now: Timestamp,
+) -> anyhow::Result<Restored> {
+    let mut market = Market::new(cluster, config.market(), now)?;
+    let mut members = Vec::new();
+    for app in store.active_apps().await? {
+        let kind: AppKind = serde_json::from_value(app.state)
+            .with_context(|| format!("stored state of app {}", app.id))?;
+        let id = app_id(app.id);
+        let bidding = Bidding::parse(&app.bidding)
+            .ok_or_else(|| anyhow!("app {}: unknown bidding mode {}", app.id, app.bidding))?;
+        let arrival = from_datetime(app.arrived_at);
+        market.restore_app(
+            App {
+                id: id.clone(),
+                kind,
+            },
+            arrival,
+            app.ended_gpu_seconds,
+            now,
+        )?;
+        members.push((id, app.tenant_id, bidding));
+    }
+    for lease in store.active_leases().await? {
+        let gpus = gpu_indices(market.cluster(), &lease.gpus)?;
+        market.restore_lease(Lease {
+            id: LeaseId(lease.id as u64),
+            app: app_id(lease.app_id),
+            gpus,
+            start: from_datetime(lease.start_at),
+            end: from_datetime(lease.end_at),
+            state: LeaseState::Active,
+            ended_at: None,
+        })?;
+    }
+    for gpu in gpu_indices(market.cluster(), &store.unhealthy_gpus().await?)? {
+        market.set_gpu_health(gpu, false, now);
+    }
+    let (next_round, next_lease) = store.next_ids().await?;
+    market.issue_lease_ids_from(LeaseId(next_lease as u64));
+    let round = match store.open_round_id().await? {
+        Some(id) => {
+            let stored = store
+                .stored_round(id)
+                .await?
+                .ok_or_else(|| anyhow!("round {id} vanished"))?;
+            Some(reopen(stored)?)
+        }
+        None => None,
+    };
+    tracing::info!(
+        apps = members.len(),
+        leases = market.leases().active().count(),
+        reopened_round = round.as_ref().map(|round| round.id),
+        "state restored"
+    );
+    Ok(Restored {
+        market,
+        members,
+        round,
+        next_round,
+    })
+}
+
+fn gpu_indices(cluster: &Cluster, ids: &[String]) -> anyhow::Result<Vec<GpuIndex>> {
+    ids.iter()
+        .map(|id| {
+            cluster.index_of(&GpuId(id.clone())).ok_or_else(|| {
+                anyhow!("GPU {id} is in the database but not in the fleet; restore the fleet file")
+            })
+        })
+        .collect()
+}
+
+/// A round that was open when the arbiter stopped, with the bids frameworks had posted: it
+/// goes on to its deadline, so no acknowledged bid is lost.
+fn reopen(stored: StoredRound) -> anyhow::Result<ReopenedRound> {
+    let offer: Offer = serde_json::from_value(stored.offer)?;
+    let standings: Vec<Standing> = serde_json::from_value(stored.standings)?;
+    let seed = stored.seed.parse().context("stored seed")?;
+    let bids = stored
+        .bids
+        .iter()
+        .map(|bid| Ok((app_id(bid.app_id), app_bid(bid)?)))
+        .collect::<anyhow::Result<_>>()?;
+    let round = RoundOffer {
+        now: from_datetime(stored.opened_at),
+        offer: PreparedOffer::new(offer),
+        bidders: stored.bidders.iter().map(|&app| app_id(app)).collect(),
+        standings,
+    };
+    Ok(ReopenedRound {
+        id: stored.id,
+        seed,
+        deadline: from_datetime(stored.deadline),
+        offer: round,
+        framework_bids: bids,
+    })
+}
+
+/// A stored bid as the engine's bid.
+pub fn app_bid(bid: &StoredBid) -> anyhow::Result<AppBid> {
+    Ok(AppBid {
+        app: app_id(bid.app_id),
+        rho_old: bid.rho_old.map(Rho::new).transpose()?,
+        bids: bid
+            .entries
+            .iter()
+            .map(|(gpus, rho)| {
+                Ok(BidEntry {
+                    gpus: gpus.iter().cloned().map(GpuId).collect(),
+                    rho: Rho::new(*rho)?,
+                })
+            })
+            .collect::<anyhow::Result<_>>()?,
+    })
+}

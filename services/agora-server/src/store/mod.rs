@@ -1,0 +1,130 @@
+//! Postgres, the source of truth for apps, leases and history. Every query is checked against
+//! the schema at compile time (`sqlx::query!`, with offline data in `.sqlx/`).
+//!
+//! The arbiter changes state only through [`Store::commit`]: one transaction per decision, so a
+//! round's outcome, its leases and the events that tell apps about them land together or not
+//! at all. The exclusion constraint on `lease_gpus` is the last line of defence against a GPU
+//! leased twice.
+
+mod reads;
+mod writes;
+
+pub use reads::*;
+pub use writes::*;
+
+use agora_market::app::AppId;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "cannot connect to Postgres at {url}: {source}. Is it running? `scripts/run` starts one"
+    )]
+    Connect {
+        url: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("cannot apply the database migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("two leases would hold GPU {gpu} at overlapping times; nothing was written")]
+    GpuDoubleLeased { gpu: String },
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("stored data is not valid: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// Maps the exclusion-constraint violation on `lease_gpus` to its own variant.
+    fn from_write(error: sqlx::Error) -> Self {
+        const EXCLUSION_VIOLATION: &str = "23P01";
+        if let Some(db) = error.as_database_error() {
+            if db.code().as_deref() == Some(EXCLUSION_VIOLATION) {
+                let gpu = db
+                    .message()
+                    .split_once("gpu_id)=(")
+                    .and_then(|(_, rest)| rest.split(',').next())
+                    .unwrap_or("?")
+                    .to_owned();
+                return Self::GpuDoubleLeased { gpu };
+            }
+        }
+        Self::Database(error)
+    }
+}
+
+/// The database handle shared by the arbiter and the HTTP handlers.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    /// Connects and brings the schema up to date (`migrations/`).
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .connect(url)
+            .await
+            .map_err(|source| StoreError::Connect {
+                url: redact_password(url),
+                source,
+            })?;
+        sqlx::migrate!("../../migrations").run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+/// The database id of an app from the engine's id (its decimal text).
+pub fn app_key(app: &AppId) -> Result<i64, StoreError> {
+    app.0
+        .parse()
+        .map_err(|_| StoreError::Corrupt(format!("app id {app} is not a database id")))
+}
+
+pub fn app_id(key: i64) -> AppId {
+    AppId(key.to_string())
+}
+
+/// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`, for error messages.
+fn redact_password(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_error_messages() {
+        assert_eq!(
+            redact_password("postgres://agora:hunter2@db:5432/agora"),
+            "postgres://agora:***@db:5432/agora"
+        );
+        assert_eq!(
+            redact_password("postgres://postgres@127.0.0.1/agora"),
+            "postgres://postgres@127.0.0.1/agora"
+        );
+    }
+
+    #[test]
+    fn app_ids_are_database_ids() {
+        assert_eq!(app_key(&app_id(42)).expect("numeric"), 42);
+        assert!(app_key(&AppId::from("vision")).is_err());
+    }
+}

@@ -1,0 +1,633 @@
+//! Reads: what the HTTP API shows, what the arbiter reloads after a restart, and what an audit
+//! replays.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use super::{Store, StoreError};
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AppRow {
+    pub id: i64,
+    pub tenant_id: i64,
+    pub name: String,
+    pub kind: String,
+    pub bidding: String,
+    pub arrived_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LeasedGpu {
+    pub id: String,
+    pub host: String,
+    pub cuda_uuid: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LeaseView {
+    pub id: i64,
+    pub app_id: i64,
+    pub round_id: i64,
+    pub gpus: Vec<LeasedGpu>,
+    pub start_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    /// `active`, `expired`, `released` or `revoked`.
+    pub state: String,
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RoundSummary {
+    pub round_id: i64,
+    pub opened_at: DateTime<Utc>,
+    pub closed_at: Option<DateTime<Utc>>,
+    pub status: String,
+    pub offered_gpus: i32,
+    pub bidders: i64,
+    pub bids: i64,
+    pub gpus_won_in_auction: i64,
+    pub gpus_as_leftovers: i64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct StandingView {
+    pub position: i32,
+    /// `None` when the app belongs to another tenant.
+    pub app_id: Option<i64>,
+    pub rho: Option<f64>,
+    pub unmet_demand: i32,
+    pub bidder: bool,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BidEntryView {
+    pub gpus: Vec<String>,
+    pub rho: f64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BidView {
+    /// `None` (and no entries) when the bid belongs to another tenant.
+    pub app_id: Option<i64>,
+    pub source: String,
+    pub rho_old: Option<f64>,
+    pub entries: Vec<BidEntryView>,
+    pub received_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AllocationView {
+    /// `None` when the app belongs to another tenant.
+    pub app_id: Option<i64>,
+    pub pf_entry: Option<i32>,
+    pub pf_gpus: Vec<String>,
+    pub c: Option<f64>,
+    pub kept_gpus: Vec<String>,
+    pub leftover_gpus: Vec<String>,
+}
+
+/// One round in full. Other tenants' apps appear without ids or bid tables.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RoundDetail {
+    pub round_id: i64,
+    pub opened_at: DateTime<Utc>,
+    pub deadline: DateTime<Utc>,
+    pub closed_at: Option<DateTime<Utc>>,
+    pub status: String,
+    pub fairness_knob: f64,
+    pub seed: String,
+    pub engine_version: String,
+    pub offered_gpus: Vec<String>,
+    pub standings: Vec<StandingView>,
+    pub bids: Vec<BidView>,
+    pub allocations: Vec<AllocationView>,
+    pub unallocated: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AppEventRow {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    pub kind: String,
+    #[schema(value_type = Object)]
+    pub payload: Value,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct GpuView {
+    pub id: String,
+    pub machine: i32,
+    pub rack: i32,
+    pub host: String,
+    pub slot: i32,
+    pub gpu_type: String,
+    pub cuda_uuid: String,
+    pub healthy: bool,
+    /// The active lease holding it and its app (`None` for another tenant's app).
+    pub lease_id: Option<i64>,
+    pub app_id: Option<i64>,
+}
+
+/// An app's place in the last round it stood in, for the "why" view.
+#[derive(Debug, Clone)]
+pub struct LastRound {
+    pub round_id: i64,
+    pub status: String,
+    pub position: i32,
+    pub standings: i64,
+    pub bidder: bool,
+    pub rho: Option<f64>,
+    pub unmet_demand: i32,
+}
+
+/// What the arbiter reloads after a restart.
+#[derive(Debug, Clone)]
+pub struct ActiveApp {
+    pub id: i64,
+    pub tenant_id: i64,
+    pub bidding: String,
+    pub state: Value,
+    pub arrived_at: DateTime<Utc>,
+    pub ended_gpu_seconds: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoredLease {
+    pub id: i64,
+    pub app_id: i64,
+    pub gpus: Vec<String>,
+    pub start_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+}
+
+/// A round's replay inputs and stored outcome.
+#[derive(Debug, Clone)]
+pub struct StoredRound {
+    pub id: i64,
+    pub status: String,
+    pub opened_at: DateTime<Utc>,
+    pub deadline: DateTime<Utc>,
+    pub seed: String,
+    pub engine_version: String,
+    pub leftover_policy: String,
+    pub offer: Value,
+    pub standings: Value,
+    pub holds: Value,
+    pub bidders: Vec<i64>,
+    pub bids: Vec<StoredBid>,
+    pub allocations: Vec<super::AllocationRow>,
+    pub unallocated: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoredBid {
+    pub app_id: i64,
+    pub rho_old: Option<f64>,
+    pub entries: Vec<(Vec<String>, f64)>,
+}
+
+impl Store {
+    pub async fn tenant_for_token(&self, token_sha256: &[u8]) -> Result<Option<i64>, StoreError> {
+        Ok(sqlx::query_scalar!(
+            "SELECT tenant_id FROM api_tokens WHERE token_sha256 = $1",
+            token_sha256
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    pub async fn app(&self, id: i64) -> Result<Option<AppRow>, StoreError> {
+        Ok(sqlx::query_as!(
+            AppRow,
+            "SELECT id, tenant_id, name, kind, bidding, arrived_at, finished_at FROM apps WHERE id = $1",
+            id
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    pub async fn apps_of(&self, tenant: i64) -> Result<Vec<AppRow>, StoreError> {
+        Ok(sqlx::query_as!(
+            AppRow,
+            "SELECT id, tenant_id, name, kind, bidding, arrived_at, finished_at FROM apps
+             WHERE tenant_id = $1 ORDER BY id",
+            tenant
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub async fn leases_of(&self, app: i64) -> Result<Vec<LeaseView>, StoreError> {
+        let rows = sqlx::query!(
+            "SELECT id, round_id, gpus, start_at, end_at, state, ended_at FROM leases
+             WHERE app_id = $1 ORDER BY id",
+            app
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let gpus = self.gpu_hosts().await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| LeaseView {
+                id: row.id,
+                app_id: app,
+                round_id: row.round_id,
+                gpus: row
+                    .gpus
+                    .into_iter()
+                    .map(|id| {
+                        gpus.get(&id).cloned().unwrap_or(LeasedGpu {
+                            id,
+                            host: String::new(),
+                            cuda_uuid: String::new(),
+                        })
+                    })
+                    .collect(),
+                start_at: row.start_at,
+                end_at: row.end_at,
+                state: row.state,
+                ended_at: row.ended_at,
+            })
+            .collect())
+    }
+
+    async fn gpu_hosts(&self) -> Result<HashMap<String, LeasedGpu>, StoreError> {
+        let rows = sqlx::query!(
+            "SELECT g.id, m.host, g.cuda_uuid FROM gpus g JOIN machines m ON m.id = g.machine_id"
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let gpu = LeasedGpu {
+                    id: row.id.clone(),
+                    host: row.host,
+                    cuda_uuid: row.cuda_uuid,
+                };
+                (row.id, gpu)
+            })
+            .collect())
+    }
+
+    /// Rounds newest first, before round `before` (exclusive) when given.
+    pub async fn rounds(
+        &self,
+        before: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<RoundSummary>, StoreError> {
+        Ok(sqlx::query_as!(
+            RoundSummary,
+            r#"SELECT round_id AS "round_id!", opened_at AS "opened_at!", closed_at,
+                      status AS "status!", offered_gpus AS "offered_gpus!", bidders AS "bidders!",
+                      bids AS "bids!", gpus_won_in_auction::bigint AS "gpus_won_in_auction!",
+                      gpus_as_leftovers::bigint AS "gpus_as_leftovers!"
+               FROM round_summary
+               WHERE round_id < coalesce($1, 9223372036854775807)
+               ORDER BY round_id DESC LIMIT $2"#,
+            before,
+            limit
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Round `id` as `viewer` may see it: `None` shows everything (admin).
+    pub async fn round_detail(
+        &self,
+        id: i64,
+        viewer: Option<i64>,
+    ) -> Result<Option<RoundDetail>, StoreError> {
+        let Some(stored) = self.stored_round(id).await? else {
+            return Ok(None);
+        };
+        let round = sqlx::query!(
+            "SELECT closed_at, fairness_knob FROM rounds WHERE id = $1",
+            id
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let owners = self.round_app_owners(id).await?;
+        let visible = |app: i64| viewer.is_none() || owners.get(&app) == viewer.as_ref();
+        let shown = |app: i64| visible(app).then_some(app);
+        let standings = sqlx::query!(
+            "SELECT position, app_id, rho, unmet_demand, bidder FROM round_standings
+             WHERE round_id = $1 ORDER BY position",
+            id
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .map(|row| StandingView {
+            position: row.position,
+            app_id: shown(row.app_id),
+            rho: row.rho,
+            unmet_demand: row.unmet_demand,
+            bidder: row.bidder,
+        })
+        .collect();
+        let received = self.bid_times(id).await?;
+        let bids = stored
+            .bids
+            .iter()
+            .map(|bid| {
+                let (source, received_at) = received[&bid.app_id].clone();
+                let mine = visible(bid.app_id);
+                BidView {
+                    app_id: shown(bid.app_id),
+                    source,
+                    rho_old: if mine { bid.rho_old } else { None },
+                    entries: if mine {
+                        bid.entries
+                            .iter()
+                            .map(|(gpus, rho)| BidEntryView {
+                                gpus: gpus.clone(),
+                                rho: *rho,
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                    received_at,
+                }
+            })
+            .collect();
+        let allocations = stored
+            .allocations
+            .iter()
+            .map(|row| AllocationView {
+                app_id: shown(row.app),
+                pf_entry: row.pf_entry.filter(|_| visible(row.app)),
+                pf_gpus: row.pf_gpus.clone(),
+                c: row.c.filter(|_| visible(row.app)),
+                kept_gpus: row.kept_gpus.clone(),
+                leftover_gpus: row.leftover_gpus.clone(),
+            })
+            .collect();
+        Ok(Some(RoundDetail {
+            round_id: id,
+            opened_at: stored.opened_at,
+            deadline: stored.deadline,
+            closed_at: round.closed_at,
+            status: stored.status,
+            fairness_knob: round.fairness_knob,
+            seed: stored.seed,
+            engine_version: stored.engine_version,
+            offered_gpus: offered_gpu_ids(&stored.offer),
+            standings,
+            bids,
+            allocations,
+            unallocated: stored.unallocated,
+        }))
+    }
+
+    async fn round_app_owners(&self, round: i64) -> Result<HashMap<i64, i64>, StoreError> {
+        let rows = sqlx::query!(
+            "SELECT a.id, a.tenant_id FROM round_standings s JOIN apps a ON a.id = s.app_id
+             WHERE s.round_id = $1",
+            round
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| (row.id, row.tenant_id))
+            .collect())
+    }
+
+    async fn bid_times(
+        &self,
+        round: i64,
+    ) -> Result<HashMap<i64, (String, DateTime<Utc>)>, StoreError> {
+        let rows = sqlx::query!(
+            "SELECT app_id, source, received_at FROM bids WHERE round_id = $1",
+            round
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| (row.app_id, (row.source, row.received_at)))
+            .collect())
+    }
+
+    /// Everything stored about round `id`: its replay inputs and its outcome.
+    pub async fn stored_round(&self, id: i64) -> Result<Option<StoredRound>, StoreError> {
+        let Some(round) = sqlx::query!(
+            "SELECT id, status, opened_at, deadline, seed::text AS \"seed!\", engine_version,
+                    leftover_policy, offer, standings, holds, unallocated
+             FROM rounds WHERE id = $1",
+            id
+        )
+        .fetch_optional(&self.pool)
+        .await?
+        else {
+            return Ok(None);
+        };
+        let bidders = sqlx::query_scalar!(
+            "SELECT app_id FROM round_standings WHERE round_id = $1 AND bidder ORDER BY position",
+            id
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let allocations = sqlx::query!(
+            "SELECT app_id, pf_entry, pf_gpus, c, kept_gpus, leftover_gpus FROM round_allocations
+             WHERE round_id = $1 ORDER BY app_id",
+            id
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .map(|row| super::AllocationRow {
+            app: row.app_id,
+            pf_entry: row.pf_entry,
+            pf_gpus: row.pf_gpus,
+            c: row.c,
+            kept_gpus: row.kept_gpus,
+            leftover_gpus: row.leftover_gpus,
+        })
+        .collect();
+        Ok(Some(StoredRound {
+            id: round.id,
+            status: round.status,
+            opened_at: round.opened_at,
+            deadline: round.deadline,
+            seed: round.seed,
+            engine_version: round.engine_version,
+            leftover_policy: round.leftover_policy,
+            offer: round.offer,
+            standings: round.standings,
+            holds: round.holds,
+            bidders,
+            bids: self.bids_of_round(id).await?,
+            allocations,
+            unallocated: round.unallocated.unwrap_or_default(),
+        }))
+    }
+
+    pub async fn bids_of_round(&self, round: i64) -> Result<Vec<StoredBid>, StoreError> {
+        let rows = sqlx::query!(
+            "SELECT b.app_id, b.rho_old, e.gpus, e.rho FROM bids b
+             JOIN bid_entries e ON e.bid_id = b.id
+             WHERE b.round_id = $1 ORDER BY b.app_id, e.entry",
+            round
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut bids: Vec<StoredBid> = Vec::new();
+        for row in rows {
+            if bids.last().map(|bid| bid.app_id) != Some(row.app_id) {
+                bids.push(StoredBid {
+                    app_id: row.app_id,
+                    rho_old: row.rho_old,
+                    entries: Vec::new(),
+                });
+            }
+            if let Some(bid) = bids.last_mut() {
+                bid.entries.push((row.gpus, row.rho));
+            }
+        }
+        Ok(bids)
+    }
+
+    pub async fn events_after(
+        &self,
+        app: i64,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<AppEventRow>, StoreError> {
+        Ok(sqlx::query_as!(
+            AppEventRow,
+            "SELECT id, at, kind, payload FROM app_events WHERE app_id = $1 AND id > $2
+             ORDER BY id LIMIT $3",
+            app,
+            after,
+            limit
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub async fn last_round_of(&self, app: i64) -> Result<Option<LastRound>, StoreError> {
+        Ok(sqlx::query_as!(
+            LastRound,
+            r#"SELECT s.round_id, r.status, s.position, s.rho, s.unmet_demand, s.bidder,
+                      (SELECT count(*) FROM round_standings o WHERE o.round_id = s.round_id)
+                          AS "standings!"
+               FROM round_standings s JOIN rounds r ON r.id = s.round_id
+               WHERE s.app_id = $1 ORDER BY s.round_id DESC LIMIT 1"#,
+            app
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Every GPU with its host, health and holder; holders of other tenants hidden.
+    pub async fn cluster(&self, viewer: Option<i64>) -> Result<Vec<GpuView>, StoreError> {
+        let rows = sqlx::query!(
+            r#"SELECT g.id, g.machine_id, m.rack, m.host, g.slot, g.gpu_type, g.cuda_uuid,
+                      g.healthy, l.id AS "lease_id?", l.app_id AS "app_id?",
+                      a.tenant_id AS "tenant_id?"
+               FROM gpus g
+               JOIN machines m ON m.id = g.machine_id
+               LEFT JOIN leases l ON l.state = 'active' AND g.id = ANY (l.gpus)
+               LEFT JOIN apps a ON a.id = l.app_id
+               ORDER BY m.id, g.slot, g.id"#
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let visible = viewer.is_none() || row.tenant_id == viewer;
+                GpuView {
+                    id: row.id,
+                    machine: row.machine_id,
+                    rack: row.rack,
+                    host: row.host,
+                    slot: row.slot,
+                    gpu_type: row.gpu_type,
+                    cuda_uuid: row.cuda_uuid,
+                    healthy: row.healthy,
+                    lease_id: row.lease_id.filter(|_| visible),
+                    app_id: row.app_id.filter(|_| visible),
+                }
+            })
+            .collect())
+    }
+
+    pub async fn active_apps(&self) -> Result<Vec<ActiveApp>, StoreError> {
+        Ok(sqlx::query_as!(
+            ActiveApp,
+            r#"SELECT a.id, a.tenant_id, a.bidding, a.state, a.arrived_at,
+                      coalesce((SELECT sum(extract(epoch FROM l.ended_at - l.start_at)
+                                           * cardinality(l.gpus))
+                                FROM leases l WHERE l.app_id = a.id AND l.state <> 'active'),
+                               0)::float8 AS "ended_gpu_seconds!"
+               FROM apps a WHERE a.finished_at IS NULL ORDER BY a.id"#
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub async fn active_leases(&self) -> Result<Vec<StoredLease>, StoreError> {
+        Ok(sqlx::query_as!(
+            StoredLease,
+            "SELECT id, app_id, gpus, start_at, end_at FROM leases WHERE state = 'active' ORDER BY id"
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub async fn unhealthy_gpus(&self) -> Result<Vec<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar!("SELECT id FROM gpus WHERE NOT healthy ORDER BY id")
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    /// The next unused round and lease ids.
+    pub async fn next_ids(&self) -> Result<(i64, i64), StoreError> {
+        let row = sqlx::query!(
+            r#"SELECT coalesce((SELECT max(id) FROM rounds), 0) + 1 AS "round!",
+                      coalesce((SELECT max(id) FROM leases), -1) + 1 AS "lease!""#
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((row.round, row.lease))
+    }
+
+    pub async fn open_round_id(&self) -> Result<Option<i64>, StoreError> {
+        Ok(sqlx::query_scalar!(
+            "SELECT id FROM rounds WHERE status = 'open' ORDER BY id DESC LIMIT 1"
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Ids of every closed round, oldest first (for audits).
+    pub async fn closed_round_ids(&self) -> Result<Vec<i64>, StoreError> {
+        Ok(
+            sqlx::query_scalar!("SELECT id FROM rounds WHERE status = 'closed' ORDER BY id")
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+}
+
+fn offered_gpu_ids(offer: &Value) -> Vec<String> {
+    offer["gpus"]
+        .as_array()
+        .map(|gpus| {
+            gpus.iter()
+                .filter_map(|gpu| gpu["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}

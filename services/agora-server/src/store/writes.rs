@@ -1,0 +1,625 @@
+//! Writes: the arbiter's [`Commit`] (one transaction per decision) and the few inserts that
+//! happen outside rounds (tenants, tokens, apps, framework bids, the fleet).
+
+use agora_market::auction::AppBid;
+use agora_market::lease::LeaseState;
+use agora_market::time::Timestamp;
+use agora_market::topology::Cluster;
+use serde_json::Value;
+use sqlx::{Postgres, Transaction};
+
+use super::{Store, StoreError};
+use crate::clock::to_datetime;
+
+/// Who computed a bid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BidSource {
+    /// Posted by the app's HPO framework over HTTP.
+    Framework,
+    /// Computed by the arbiter's agent from the app's reported progress.
+    Agent,
+}
+
+impl BidSource {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Framework => "framework",
+            Self::Agent => "agent",
+        }
+    }
+}
+
+/// A lease as stored: GPU ids instead of engine indices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseRecord {
+    pub id: i64,
+    pub app: i64,
+    pub gpus: Vec<String>,
+    pub start: Timestamp,
+    pub end: Timestamp,
+    pub state: LeaseState,
+    pub ended_at: Option<Timestamp>,
+}
+
+/// A round as it opens: its inputs and who stands where.
+#[derive(Debug, Clone)]
+pub struct OpenedRound {
+    pub id: i64,
+    pub opened_at: Timestamp,
+    pub deadline: Timestamp,
+    pub fairness_knob: f64,
+    pub lease_seconds: f64,
+    pub leftover_policy: String,
+    pub seed: u64,
+    pub offer: Value,
+    pub standings: Value,
+    pub standing_rows: Vec<StandingRow>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StandingRow {
+    pub app: i64,
+    /// `None`: starving.
+    pub rho: Option<f64>,
+    pub unmet_demand: i32,
+    pub bidder: bool,
+}
+
+/// A round as it closes: the agents' bids, where the GPUs went, and the replay inputs known
+/// only at close.
+#[derive(Debug, Clone)]
+pub struct ClosedRound {
+    pub id: i64,
+    pub closed_at: Timestamp,
+    pub holds: Value,
+    pub agent_bids: Vec<(i64, AppBid)>,
+    pub allocations: Vec<AllocationRow>,
+    pub unallocated: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AllocationRow {
+    pub app: i64,
+    pub pf_entry: Option<i32>,
+    pub pf_gpus: Vec<String>,
+    pub c: Option<f64>,
+    pub kept_gpus: Vec<String>,
+    pub leftover_gpus: Vec<String>,
+}
+
+/// Something an app is told (an offer, a round's result, a lease change).
+#[derive(Debug, Clone)]
+pub struct AppEvent {
+    pub app: i64,
+    pub kind: &'static str,
+    pub payload: Value,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProgressSample {
+    pub app: i64,
+    pub job: String,
+    pub completed_iterations: i64,
+    pub stopped: bool,
+    pub observed: Option<(String, f64)>,
+}
+
+/// Everything one arbiter decision changes, written in one transaction.
+#[derive(Debug, Clone, Default)]
+pub struct Commit {
+    pub opened_round: Option<OpenedRound>,
+    pub closed_round: Option<ClosedRound>,
+    pub abandoned_rounds: Vec<i64>,
+    /// Leases granted by the closed round.
+    pub granted: Vec<LeaseRecord>,
+    /// Leases that stopped being active (expired, released or revoked).
+    pub ended: Vec<LeaseRecord>,
+    /// Revocation notices: lease, reason.
+    pub notices: Vec<(i64, String)>,
+    pub app_states: Vec<(i64, Value)>,
+    pub progress: Vec<ProgressSample>,
+    pub finished_apps: Vec<i64>,
+    pub gpu_health: Vec<(String, bool)>,
+    pub events: Vec<AppEvent>,
+}
+
+impl Commit {
+    pub fn is_empty(&self) -> bool {
+        self.opened_round.is_none()
+            && self.closed_round.is_none()
+            && self.abandoned_rounds.is_empty()
+            && self.granted.is_empty()
+            && self.ended.is_empty()
+            && self.notices.is_empty()
+            && self.app_states.is_empty()
+            && self.progress.is_empty()
+            && self.finished_apps.is_empty()
+            && self.gpu_health.is_empty()
+            && self.events.is_empty()
+    }
+}
+
+/// A framework's bid, stored when it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BidInsert {
+    Stored(i64),
+    /// The same `Idempotency-Key` was seen before: the earlier bid stands.
+    Replayed(i64),
+    /// The app already bid in this round (with another key or none).
+    AlreadyBid(i64),
+}
+
+impl Store {
+    /// Writes `commit` atomically. `now` stamps the lease events and app events.
+    pub async fn commit(&self, commit: &Commit, now: Timestamp) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        write_commit(&mut tx, commit, now)
+            .await
+            .map_err(StoreError::from_write)?;
+        tx.commit().await.map_err(StoreError::from_write)
+    }
+
+    pub async fn create_tenant(&self, name: &str, token_sha256: &[u8]) -> Result<i64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let id = sqlx::query_scalar!("INSERT INTO tenants (name) VALUES ($1) RETURNING id", name)
+            .fetch_one(&mut *tx)
+            .await?;
+        sqlx::query!(
+            "INSERT INTO api_tokens (token_sha256, tenant_id) VALUES ($1, $2)",
+            token_sha256,
+            id
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    /// Inserts an app and its jobs; returns its id.
+    pub async fn insert_app(&self, app: &NewApp<'_>) -> Result<i64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let id = sqlx::query_scalar!(
+            "INSERT INTO apps (tenant_id, name, kind, bidding, state, arrived_at)
+             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+            app.tenant,
+            app.name,
+            app.kind,
+            app.bidding,
+            app.state,
+            to_datetime(app.arrived_at)
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        for job in &app.jobs {
+            sqlx::query!(
+                "INSERT INTO jobs (app_id, name, total_iterations, serial_iteration_time, max_gpus,
+                                   completed_iterations, stopped)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                id,
+                job.id,
+                job.total_iterations as i64,
+                job.serial_iteration_time,
+                job.max_gpus as i32,
+                job.completed_iterations as i64,
+                job.stopped
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    /// Stores a framework's bid for an open round, honouring `Idempotency-Key`.
+    pub async fn insert_framework_bid(
+        &self,
+        round: i64,
+        app: i64,
+        bid: &AppBid,
+        idempotency_key: Option<&str>,
+        now: Timestamp,
+    ) -> Result<BidInsert, StoreError> {
+        if let Some(key) = idempotency_key {
+            if let Some(id) = self.bid_with_key(app, key).await? {
+                return Ok(BidInsert::Replayed(id));
+            }
+        }
+        let existing = sqlx::query_scalar!(
+            "SELECT id FROM bids WHERE round_id = $1 AND app_id = $2",
+            round,
+            app
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(id) = existing {
+            return Ok(BidInsert::AlreadyBid(id));
+        }
+        let mut tx = self.pool.begin().await?;
+        let id = insert_bid(
+            &mut tx,
+            round,
+            app,
+            bid,
+            BidSource::Framework,
+            idempotency_key,
+            now,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(BidInsert::Stored(id))
+    }
+
+    /// The bid `app` posted with `Idempotency-Key` `key`, if any.
+    pub async fn bid_with_key(&self, app: i64, key: &str) -> Result<Option<i64>, StoreError> {
+        Ok(sqlx::query_scalar!(
+            "SELECT id FROM bids WHERE app_id = $1 AND idempotency_key = $2",
+            app,
+            key
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Records the simulated fleet's machines and GPUs (idempotent; health is kept).
+    pub async fn sync_fleet(&self, cluster: &Cluster) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for (_, gpu) in cluster.gpus() {
+            let machine = gpu.location.machine as i32;
+            sqlx::query!(
+                "INSERT INTO machines (id, rack, host) VALUES ($1, $2, $3)
+                 ON CONFLICT (id) DO UPDATE SET rack = excluded.rack, host = excluded.host",
+                machine,
+                gpu.location.rack as i32,
+                simulated_host(machine)
+            )
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query!(
+                "INSERT INTO gpus (id, machine_id, slot, gpu_type, cuda_uuid) VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (id) DO UPDATE
+                 SET machine_id = excluded.machine_id, slot = excluded.slot, gpu_type = excluded.gpu_type",
+                gpu.id.0,
+                machine,
+                gpu.location.slot as i32,
+                gpu.gpu_type,
+                simulated_cuda_uuid(&gpu.id.0)
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// An app to insert.
+#[derive(Debug, Clone)]
+pub struct NewApp<'a> {
+    pub tenant: i64,
+    pub name: &'a str,
+    pub kind: &'a str,
+    pub bidding: &'a str,
+    pub state: Value,
+    pub jobs: Vec<&'a agora_market::app::Job>,
+    pub arrived_at: Timestamp,
+}
+
+pub fn simulated_host(machine: i32) -> String {
+    format!("sim-host-{machine}")
+}
+
+/// A stable UUID-shaped id for a simulated GPU, like NVML's `GPU-xxxxxxxx-...`.
+pub fn simulated_cuda_uuid(gpu: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let hex = hex::encode(Sha256::digest(gpu.as_bytes()));
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+async fn write_commit(
+    tx: &mut Transaction<'_, Postgres>,
+    commit: &Commit,
+    now: Timestamp,
+) -> Result<(), sqlx::Error> {
+    if let Some(round) = &commit.opened_round {
+        write_opened_round(tx, round).await?;
+    }
+    for &round in &commit.abandoned_rounds {
+        sqlx::query!(
+            "UPDATE rounds SET status = 'abandoned', closed_at = $2 WHERE id = $1",
+            round,
+            to_datetime(now)
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
+    for lease in &commit.ended {
+        write_lease_end(tx, lease).await?;
+    }
+    if let Some(round) = &commit.closed_round {
+        write_closed_round(tx, round).await?;
+        for lease in &commit.granted {
+            write_lease_grant(tx, round.id, lease).await?;
+        }
+    }
+    for (lease, reason) in &commit.notices {
+        write_lease_event(tx, *lease, now, "revocation_notice", Some(reason)).await?;
+    }
+    write_app_changes(tx, commit, now).await?;
+    for (gpu, healthy) in &commit.gpu_health {
+        sqlx::query!("UPDATE gpus SET healthy = $2 WHERE id = $1", gpu, healthy)
+            .execute(&mut **tx)
+            .await?;
+    }
+    for event in &commit.events {
+        sqlx::query!(
+            "INSERT INTO app_events (app_id, at, kind, payload) VALUES ($1, $2, $3, $4)",
+            event.app,
+            to_datetime(now),
+            event.kind,
+            event.payload
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
+async fn write_opened_round(
+    tx: &mut Transaction<'_, Postgres>,
+    round: &OpenedRound,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "INSERT INTO rounds (id, opened_at, deadline, status, policy, fairness_knob, lease_seconds,
+                             leftover_policy, seed, engine_version, offer, standings, holds)
+         VALUES ($1, $2, $3, 'open', 'themis', $4, $5, $6, $7::text::numeric, $8, $9, $10, '{}')",
+        round.id,
+        to_datetime(round.opened_at),
+        to_datetime(round.deadline),
+        round.fairness_knob,
+        round.lease_seconds,
+        round.leftover_policy,
+        round.seed.to_string(),
+        agora_market::ENGINE_VERSION,
+        round.offer,
+        round.standings
+    )
+    .execute(&mut **tx)
+    .await?;
+    for (position, standing) in round.standing_rows.iter().enumerate() {
+        sqlx::query!(
+            "INSERT INTO round_standings (round_id, position, app_id, rho, unmet_demand, bidder)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+            round.id,
+            position as i32,
+            standing.app,
+            standing.rho,
+            standing.unmet_demand,
+            standing.bidder
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
+async fn write_closed_round(
+    tx: &mut Transaction<'_, Postgres>,
+    round: &ClosedRound,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE rounds SET status = 'closed', closed_at = $2, holds = $3, unallocated = $4
+         WHERE id = $1",
+        round.id,
+        to_datetime(round.closed_at),
+        round.holds,
+        &round.unallocated
+    )
+    .execute(&mut **tx)
+    .await?;
+    for (app, bid) in &round.agent_bids {
+        insert_bid(
+            tx,
+            round.id,
+            *app,
+            bid,
+            BidSource::Agent,
+            None,
+            round.closed_at,
+        )
+        .await?;
+    }
+    for row in &round.allocations {
+        sqlx::query!(
+            "INSERT INTO round_allocations (round_id, app_id, pf_entry, pf_gpus, c, kept_gpus,
+                                            leftover_gpus)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            round.id,
+            row.app,
+            row.pf_entry,
+            &row.pf_gpus,
+            row.c,
+            &row.kept_gpus,
+            &row.leftover_gpus
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
+async fn insert_bid(
+    tx: &mut Transaction<'_, Postgres>,
+    round: i64,
+    app: i64,
+    bid: &AppBid,
+    source: BidSource,
+    idempotency_key: Option<&str>,
+    now: Timestamp,
+) -> Result<i64, sqlx::Error> {
+    let id = sqlx::query_scalar!(
+        "INSERT INTO bids (round_id, app_id, source, rho_old, idempotency_key, received_at)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        round,
+        app,
+        source.as_str(),
+        bid.rho_old.map(f64::from),
+        idempotency_key,
+        to_datetime(now)
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    for (entry, row) in bid.bids.iter().enumerate() {
+        let gpus: Vec<String> = row.gpus.iter().map(|gpu| gpu.0.clone()).collect();
+        sqlx::query!(
+            "INSERT INTO bid_entries (bid_id, entry, gpus, rho) VALUES ($1, $2, $3, $4)",
+            id,
+            entry as i32,
+            &gpus,
+            f64::from(row.rho)
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(id)
+}
+
+async fn write_lease_grant(
+    tx: &mut Transaction<'_, Postgres>,
+    round: i64,
+    lease: &LeaseRecord,
+) -> Result<(), sqlx::Error> {
+    let (start, end) = (to_datetime(lease.start), to_datetime(lease.end));
+    sqlx::query!(
+        "INSERT INTO leases (id, app_id, round_id, gpus, start_at, end_at, state)
+         VALUES ($1, $2, $3, $4, $5, $6, 'active')",
+        lease.id,
+        lease.app,
+        round,
+        &lease.gpus,
+        start,
+        end
+    )
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query!(
+        "INSERT INTO lease_gpus (lease_id, gpu_id, held)
+         SELECT $1, gpu, tstzrange($3, $4) FROM unnest($2::text[]) AS gpu",
+        lease.id,
+        &lease.gpus,
+        start,
+        end
+    )
+    .execute(&mut **tx)
+    .await?;
+    write_lease_event(tx, lease.id, lease.start, "granted", None).await
+}
+
+async fn write_lease_end(
+    tx: &mut Transaction<'_, Postgres>,
+    lease: &LeaseRecord,
+) -> Result<(), sqlx::Error> {
+    let ended_at = to_datetime(lease.ended_at.unwrap_or(lease.end));
+    let state = lease_state_name(lease.state);
+    sqlx::query!(
+        "UPDATE leases SET state = $2, ended_at = $3 WHERE id = $1 AND state = 'active'",
+        lease.id,
+        state,
+        ended_at
+    )
+    .execute(&mut **tx)
+    .await?;
+    // The GPUs are free from the end on: shrink the held range so a new lease may start there.
+    sqlx::query!(
+        "UPDATE lease_gpus SET held = tstzrange(lower(held), greatest(lower(held), $2))
+         WHERE lease_id = $1",
+        lease.id,
+        ended_at
+    )
+    .execute(&mut **tx)
+    .await?;
+    let at = lease.ended_at.unwrap_or(lease.end);
+    write_lease_event(tx, lease.id, at, state, None).await
+}
+
+async fn write_lease_event(
+    tx: &mut Transaction<'_, Postgres>,
+    lease: i64,
+    at: Timestamp,
+    kind: &str,
+    reason: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "INSERT INTO lease_events (lease_id, at, kind, reason) VALUES ($1, $2, $3, $4)",
+        lease,
+        to_datetime(at),
+        kind,
+        reason
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn write_app_changes(
+    tx: &mut Transaction<'_, Postgres>,
+    commit: &Commit,
+    now: Timestamp,
+) -> Result<(), sqlx::Error> {
+    for (app, state) in &commit.app_states {
+        sqlx::query!("UPDATE apps SET state = $2 WHERE id = $1", app, state)
+            .execute(&mut **tx)
+            .await?;
+    }
+    for sample in &commit.progress {
+        let (locality, slowdown) = sample.observed.clone().unzip();
+        sqlx::query!(
+            "INSERT INTO job_progress (app_id, job, reported_at, completed_iterations, stopped,
+                                       observed_locality, observed_slowdown)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            sample.app,
+            sample.job,
+            to_datetime(now),
+            sample.completed_iterations,
+            sample.stopped,
+            locality,
+            slowdown
+        )
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query!(
+            "UPDATE jobs SET completed_iterations = $3, stopped = $4 WHERE app_id = $1 AND name = $2",
+            sample.app,
+            sample.job,
+            sample.completed_iterations,
+            sample.stopped
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
+    for app in &commit.finished_apps {
+        sqlx::query!(
+            "UPDATE apps SET finished_at = $2 WHERE id = $1 AND finished_at IS NULL",
+            app,
+            to_datetime(now)
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
+pub fn lease_state_name(state: LeaseState) -> &'static str {
+    match state {
+        LeaseState::Active => "active",
+        LeaseState::Expired => "expired",
+        LeaseState::Released => "released",
+        LeaseState::Revoked => "revoked",
+    }
+}

@@ -1,0 +1,347 @@
+//! The service end to end: real Postgres, the HTTP API on port 0, a manual clock.
+
+mod support;
+
+use std::time::Duration;
+
+use agora_server::audit::replay_round;
+use serde_json::{json, Value};
+use support::{active, config, fresh_database, serve, start_clock, ADMIN};
+
+/// An explicit bid for the first `count` GPUs of an offer.
+fn bid_for(app: i64, offer: &Value, count: usize) -> Value {
+    let gpus: Vec<Value> = offer["gpus"].as_array().expect("gpus")[..count]
+        .iter()
+        .map(|gpu| gpu["id"].clone())
+        .collect();
+    json!({ "app": app, "rho_old": offer["rho"], "bids": [{ "gpus": gpus, "rho": 1.5 }] })
+}
+
+#[actix_web::test]
+async fn full_flow_register_offer_bid_lease_expiry_reauction_finish_and_audit() {
+    let database = fresh_database().await;
+    let service = serve(&config(&database), start_clock()).await;
+    let vision = service.tenant("vision").await;
+
+    let tuner = service
+        .register(&vision, "tuner", "explicit", 2, 1_000)
+        .await;
+    let offer = service.wait_for(&vision, tuner, "offer").await;
+    let round = offer["round"].as_i64().expect("round");
+    let path = format!("/v1/rounds/{round}/bids");
+    let key = [("idempotency-key", "tuner-round-1")];
+    let (status, first) = service
+        .call_with(
+            "POST",
+            &path,
+            &vision,
+            Some(bid_for(tuner, &offer, 2)),
+            &key,
+        )
+        .await;
+    assert_eq!(status, 201, "{first}");
+    let (status, retry) = service
+        .call_with(
+            "POST",
+            &path,
+            &vision,
+            Some(bid_for(tuner, &offer, 2)),
+            &key,
+        )
+        .await;
+    assert_eq!(
+        status, 200,
+        "a retry is answered from the first bid: {retry}"
+    );
+    assert_eq!(retry["bid_id"], first["bid_id"]);
+
+    let leases = service
+        .wait_for_leases(&vision, tuner, |leases| active(leases).len() == 1)
+        .await;
+    let lease = active(&leases)[0].clone();
+    assert_eq!(lease["gpus"].as_array().expect("gpus").len(), 2);
+    assert!(lease["gpus"][0]["cuda_uuid"]
+        .as_str()
+        .expect("uuid")
+        .starts_with("GPU-"));
+    assert!(lease["gpus"][0]["host"]
+        .as_str()
+        .expect("host")
+        .starts_with("sim-host-"));
+
+    let agent_app = service
+        .register(&vision, "agent-app", "agent", 2, 1_000)
+        .await;
+    service
+        .wait_for_leases(&vision, agent_app, |leases| active(leases).len() == 1)
+        .await;
+
+    // Leases end after 60 s; the freed GPUs are auctioned again. The tuner stays silent, so
+    // the round waits for its deadline (10 s) and takes its agent's fallback bid.
+    service.clock.advance(Duration::from_secs(61));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    service.clock.advance(Duration::from_secs(11));
+    let leases = service
+        .wait_for_leases(&vision, agent_app, |leases| {
+            leases.len() == 2 && active(leases).len() == 1
+        })
+        .await;
+    assert_eq!(leases[0]["state"], "expired");
+
+    let (status, body) = service
+        .call(
+            "POST",
+            &format!("/v1/apps/{agent_app}/progress"),
+            &vision,
+            Some(
+                json!({ "jobs": [{ "job": "j0", "completed_iterations": 1000 },
+                                    { "job": "j1", "completed_iterations": 1000 }] }),
+            ),
+        )
+        .await;
+    assert_eq!(
+        (status, body["finished"].clone()),
+        (200, json!(true)),
+        "{body}"
+    );
+    service
+        .wait_for_leases(&vision, agent_app, |leases| active(leases).is_empty())
+        .await;
+
+    let (status, why) = service
+        .call("GET", &format!("/v1/apps/{tuner}/why"), &vision, None)
+        .await;
+    assert_eq!(status, 200, "{why}");
+    assert!(why["explanation"]
+        .as_str()
+        .is_some_and(|text| !text.is_empty()));
+
+    for round in service
+        .running
+        .store
+        .closed_round_ids()
+        .await
+        .expect("rounds")
+    {
+        let replay = replay_round(&service.running.store, round)
+            .await
+            .expect("replay");
+        assert!(replay.matches, "round {round}: {:?}", replay.differences);
+    }
+    service.running.stop().await;
+}
+
+#[actix_web::test]
+async fn bad_input_is_refused_and_nothing_is_stored_and_tenants_are_isolated() {
+    let database = fresh_database().await;
+    let service = serve(&config(&database), start_clock()).await;
+    let vision = service.tenant("vision").await;
+    let speech = service.tenant("speech").await;
+    let tuner = service
+        .register(&vision, "tuner", "explicit", 2, 1_000)
+        .await;
+    let offer = service.wait_for(&vision, tuner, "offer").await;
+    let round = offer["round"].as_i64().expect("round");
+    let path = format!("/v1/rounds/{round}/bids");
+    let gpu = offer["gpus"][0]["id"].clone();
+    let too_many: Vec<Value> = (0..65)
+        .map(|_| json!({ "gpus": [gpu], "rho": 1.0 }))
+        .collect();
+    let bad_bids = [
+        (
+            json!({ "app": tuner, "rho_old": null, "bids": [{ "gpus": [gpu], "rho": 0.0 }] }),
+            422,
+            "invalid_rho",
+        ),
+        (
+            json!({ "app": tuner, "rho_old": -1.0, "bids": [] }),
+            422,
+            "invalid_rho",
+        ),
+        (
+            json!({ "app": tuner, "rho_old": null, "bids": [{ "gpus": ["no-such-gpu"], "rho": 1.0 }] }),
+            422,
+            "invalid_bid",
+        ),
+        (
+            json!({ "app": tuner, "rho_old": null, "bids": [{ "gpus": [gpu, gpu], "rho": 1.0 }] }),
+            422,
+            "invalid_bid",
+        ),
+        (
+            json!({ "app": tuner, "rho_old": null, "bids": too_many }),
+            422,
+            "bid_table_too_large",
+        ),
+        (json!({ "app": tuner, "bids": [] }), 400, "malformed_json"),
+        (
+            json!({ "app": 999_999, "rho_old": null, "bids": [] }),
+            404,
+            "not_found",
+        ),
+    ];
+    for (body, status, code) in bad_bids {
+        let (got, problem) = service
+            .call("POST", &path, &vision, Some(body.clone()))
+            .await;
+        assert_eq!(
+            (got, problem["code"].as_str()),
+            (status, Some(code)),
+            "{body} -> {problem}"
+        );
+    }
+    let (status, problem) = service
+        .call(
+            "POST",
+            "/v1/rounds/999/bids",
+            &vision,
+            Some(bid_for(tuner, &offer, 1)),
+        )
+        .await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (404, Some("unknown_round"))
+    );
+
+    // Another tenant can neither bid for the app nor read it.
+    let (status, problem) = service
+        .call("POST", &path, &speech, Some(bid_for(tuner, &offer, 1)))
+        .await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (403, Some("foreign_app"))
+    );
+    let (status, _) = service
+        .call("GET", &format!("/v1/apps/{tuner}/leases"), &speech, None)
+        .await;
+    assert_eq!(status, 403);
+    let (status, _) = service
+        .call("POST", &format!("/v1/apps/{tuner}/finish"), &speech, None)
+        .await;
+    assert_eq!(status, 403);
+    let (status, _) = service
+        .call("POST", "/v1/tenants", &vision, Some(json!({ "name": "x" })))
+        .await;
+    assert_eq!(status, 403, "only the admin creates tenants");
+    let (status, _) = service.call("GET", "/v1/apps", "not-a-token", None).await;
+    assert_eq!(status, 401);
+
+    let framework_bids: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM bids WHERE source = 'framework'")
+            .fetch_one(service.running.store.pool())
+            .await
+            .expect("count");
+    assert_eq!(framework_bids, 0, "refused bids store nothing");
+
+    // The deadline passes: the agent's fallback bid stands in, and later bids are refused.
+    service.clock.advance(Duration::from_secs(11));
+    service
+        .wait_for_leases(&vision, tuner, |leases| active(leases).len() == 1)
+        .await;
+    let (status, problem) = service
+        .call("POST", &path, &vision, Some(bid_for(tuner, &offer, 1)))
+        .await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (409, Some("round_closed"))
+    );
+
+    // A tenant sees another tenant's bids in a round only anonymised.
+    let (_, seen_by_speech) = service
+        .call("GET", &format!("/v1/rounds/{round}"), &speech, None)
+        .await;
+    let bid = &seen_by_speech["bids"][0];
+    assert_eq!(
+        (bid["app_id"].clone(), bid["entries"].clone()),
+        (Value::Null, json!([])),
+        "{seen_by_speech}"
+    );
+    let (_, seen_by_admin) = service
+        .call("GET", &format!("/v1/rounds/{round}"), ADMIN, None)
+        .await;
+    assert_eq!(seen_by_admin["bids"][0]["app_id"], json!(tuner));
+    service.running.stop().await;
+}
+
+#[actix_web::test]
+async fn the_database_refuses_a_gpu_leased_twice() {
+    let database = fresh_database().await;
+    let service = serve(&config(&database), start_clock()).await;
+    let vision = service.tenant("vision").await;
+    let app = service.register(&vision, "tuner", "agent", 2, 1_000).await;
+    let leases = service
+        .wait_for_leases(&vision, app, |leases| active(leases).len() == 1)
+        .await;
+    let lease = active(&leases)[0];
+    let gpu = lease["gpus"][0]["id"].as_str().expect("gpu");
+    let round = lease["round_id"].as_i64().expect("round");
+    let pool = service.running.store.pool();
+    let (start, end) = (
+        lease["start_at"].as_str().expect("start"),
+        lease["end_at"].as_str().expect("end"),
+    );
+    sqlx::query("INSERT INTO leases (id, app_id, round_id, gpus, start_at, end_at, state) VALUES (999, $1, $2, ARRAY[$3], $4::timestamptz, $5::timestamptz, 'active')")
+        .bind(app).bind(round).bind(gpu).bind(start).bind(end)
+        .execute(pool).await.expect("a lease row alone is fine");
+    let clash = sqlx::query("INSERT INTO lease_gpus (lease_id, gpu_id, held) SELECT 999, $1, tstzrange($2::timestamptz, $3::timestamptz)")
+        .bind(gpu).bind(start).bind(end)
+        .execute(pool)
+        .await
+        .expect_err("overlapping hold of one GPU");
+    let code = clash
+        .as_database_error()
+        .and_then(|error| error.code())
+        .map(|code| code.into_owned());
+    assert_eq!(code.as_deref(), Some("23P01"), "{clash}");
+    service.running.stop().await;
+}
+
+#[actix_web::test]
+async fn a_restart_keeps_leases_history_and_acknowledged_bids() {
+    let database = fresh_database().await;
+    let settings = config(&database);
+    let clock = start_clock();
+    let service = serve(&settings, clock.clone()).await;
+    let vision = service.tenant("vision").await;
+    let holder = service.register(&vision, "holder", "agent", 2, 1_000).await;
+    let before = service
+        .wait_for_leases(&vision, holder, |leases| active(leases).len() == 1)
+        .await;
+    let bidder = service
+        .register(&vision, "bidder", "explicit", 2, 1_000)
+        .await;
+    let offer = service.wait_for(&vision, bidder, "offer").await;
+    let round = offer["round"].as_i64().expect("round");
+    let (status, ack) = service
+        .call(
+            "POST",
+            &format!("/v1/rounds/{round}/bids"),
+            &vision,
+            Some(bid_for(bidder, &offer, 1)),
+        )
+        .await;
+    assert_eq!(status, 201, "{ack}");
+    service.running.stop().await;
+
+    let restarted = serve(&settings, clock).await;
+    let after = restarted
+        .wait_for_leases(&vision, holder, |leases| active(leases).len() == 1)
+        .await;
+    assert_eq!(
+        after[0]["id"], before[0]["id"],
+        "the lease survives the restart"
+    );
+    let won = restarted
+        .wait_for_leases(&vision, bidder, |leases| active(leases).len() == 1)
+        .await;
+    assert_eq!(won[0]["round_id"], json!(round));
+    let source: String =
+        sqlx::query_scalar("SELECT source FROM bids WHERE round_id = $1 AND app_id = $2")
+            .bind(round)
+            .bind(bidder)
+            .fetch_one(restarted.running.store.pool())
+            .await
+            .expect("the acknowledged bid is stored");
+    assert_eq!(source, "framework");
+    restarted.running.stop().await;
+}

@@ -1,0 +1,211 @@
+//! A real Postgres database per test and the whole service on port 0 with a manual clock.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agora_market::time::Timestamp;
+use agora_server::clock::ManualClock;
+use agora_server::config::ServerConfig;
+use agora_server::server::{start, Running};
+use serde_json::{json, Value};
+use sqlx::{Connection, PgConnection};
+
+pub const ADMIN: &str = "test-admin-token";
+
+/// The Postgres server tests create their databases on.
+fn postgres_url() -> String {
+    std::env::var("AGORA_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
+}
+
+/// A fresh, empty database.
+pub async fn fresh_database() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let name = format!(
+        "agora_test_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    );
+    let mut admin = PgConnection::connect(&format!("{}/postgres", postgres_url()))
+        .await
+        .expect("Postgres must run on 127.0.0.1:5432 (scripts/test starts it)");
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&mut admin)
+        .await
+        .expect("drop");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .expect("create");
+    format!("{}/{name}", postgres_url())
+}
+
+/// Four GPUs: two machines of one slot of two.
+pub fn tiny_fleet() -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("agora-fleet-{}.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        "[[racks]]\n[[racks.machines]]\ncount = 2\nslots = 1\ngpus_per_slot = 2\ngpu_type = \"A100\"\n",
+    )
+    .expect("write fleet");
+    path
+}
+
+pub fn config(database_url: &str) -> ServerConfig {
+    ServerConfig {
+        listen: "127.0.0.1:0".to_owned(),
+        database_url: database_url.to_owned(),
+        admin_token: Some(ADMIN.to_owned()),
+        fleet: tiny_fleet(),
+        lease_seconds: 60,
+        round_deadline_ms: 10_000,
+        tick_ms: 10,
+        ..ServerConfig::default()
+    }
+}
+
+#[allow(missing_debug_implementations)] // awc::Client is not Debug
+pub struct Service {
+    pub running: Running,
+    pub clock: ManualClock,
+    pub base: String,
+    pub client: awc::Client,
+}
+
+pub async fn serve(config: &ServerConfig, clock: ManualClock) -> Service {
+    let running = start(config, Arc::new(clock.clone()))
+        .await
+        .expect("service starts");
+    Service {
+        base: format!("http://{}", running.address),
+        running,
+        clock,
+        client: awc::Client::default(),
+    }
+}
+
+pub fn start_clock() -> ManualClock {
+    ManualClock::starting_at(Timestamp(1_800_000_000_000))
+}
+
+impl Service {
+    /// (status, JSON body or Null) of a request.
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        self.call_with(method, path, token, body, &[]).await
+    }
+
+    pub async fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
+        let mut request = self
+            .client
+            .request(
+                method.parse().expect("method"),
+                format!("{}{path}", self.base),
+            )
+            .bearer_auth(token)
+            .timeout(Duration::from_secs(30));
+        for (name, value) in headers {
+            request = request.insert_header((*name, *value));
+        }
+        let mut response = match body {
+            Some(body) => request.send_json(&body).await,
+            None => request.send().await,
+        }
+        .expect("request sent");
+        let bytes = response.body().limit(8 << 20).await.expect("body");
+        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (response.status().as_u16(), value)
+    }
+
+    pub async fn tenant(&self, name: &str) -> String {
+        let (status, body) = self
+            .call("POST", "/v1/tenants", ADMIN, Some(json!({ "name": name })))
+            .await;
+        assert_eq!(status, 201, "{body}");
+        body["token"].as_str().expect("token").to_owned()
+    }
+
+    pub async fn register(
+        &self,
+        token: &str,
+        name: &str,
+        bidding: &str,
+        jobs: u32,
+        iterations: u64,
+    ) -> i64 {
+        let jobs: Vec<Value> = (0..jobs)
+            .map(|job| {
+                json!({ "job": { "id": format!("j{job}"), "total_iterations": iterations,
+                         "serial_iteration_time": 1.0, "max_gpus": 1 },
+                        "predicted_final_iteration": iterations })
+            })
+            .collect();
+        let body = json!({ "name": name, "bidding": bidding,
+                           "app": { "kind": "performance_curve", "jobs": jobs } });
+        let (status, body) = self.call("POST", "/v1/apps", token, Some(body)).await;
+        assert_eq!(status, 201, "{body}");
+        body["id"].as_i64().expect("id")
+    }
+
+    /// The app's events after `after`, waiting up to 5 s for the first.
+    pub async fn events(&self, token: &str, app: i64, after: i64) -> Vec<Value> {
+        let path = format!("/v1/apps/{app}/events/poll?after={after}&timeout_ms=5000");
+        let (status, body) = self.call("GET", &path, token, None).await;
+        assert_eq!(status, 200, "{body}");
+        body["events"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Waits for an event of `kind` for `app`, returning its payload.
+    pub async fn wait_for(&self, token: &str, app: i64, kind: &str) -> Value {
+        let mut after = 0;
+        for _ in 0..20 {
+            for event in self.events(token, app, after).await {
+                after = event["id"].as_i64().expect("id");
+                if event["kind"] == kind {
+                    return event["payload"].clone();
+                }
+            }
+        }
+        panic!("no {kind} event for app {app}");
+    }
+
+    /// Waits until `check` holds on the app's leases.
+    pub async fn wait_for_leases(
+        &self,
+        token: &str,
+        app: i64,
+        check: impl Fn(&[Value]) -> bool,
+    ) -> Vec<Value> {
+        for _ in 0..200 {
+            let (_, leases) = self
+                .call("GET", &format!("/v1/apps/{app}/leases"), token, None)
+                .await;
+            let leases = leases.as_array().cloned().unwrap_or_default();
+            if check(&leases) {
+                return leases;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the leases of app {app} never reached the expected state");
+    }
+}
+
+pub fn active(leases: &[Value]) -> Vec<&Value> {
+    leases
+        .iter()
+        .filter(|lease| lease["state"] == "active")
+        .collect()
+}
