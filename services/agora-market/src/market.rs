@@ -54,6 +54,16 @@ impl Default for MarketConfig {
     }
 }
 
+impl MarketConfig {
+    /// How many of the worst apps by rho are offered GPUs in a round: ceil((1 - f) N), at
+    /// least one.
+    pub fn bidders_per_round(&self, active_apps: usize) -> usize {
+        ((1.0 - self.fairness_knob) * active_apps as f64)
+            .ceil()
+            .max(1.0) as usize
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum MarketError {
     #[error("the fairness knob f must lie in [0, 1), got {0}")]
@@ -464,9 +474,7 @@ impl Market {
     pub fn open_round(&self, now: Timestamp) -> Option<RoundOffer> {
         let free = self.free_gpus();
         let standings = self.standings(now);
-        let bidder_count = ((1.0 - self.config.fairness_knob) * standings.len() as f64)
-            .ceil()
-            .max(1.0) as usize;
+        let bidder_count = self.config.bidders_per_round(standings.len());
         let bidders: Vec<AppId> = standings
             .iter()
             .filter(|standing| standing.unmet_demand > 0)
@@ -671,9 +679,7 @@ impl Market {
         mut candidates: Vec<Recipient>,
         leftover: &mut Vec<OfferedGpu>,
     ) -> Result<Grants, MarketError> {
-        let batch = ((1.0 - self.config.fairness_knob) * round.standings.len() as f64)
-            .ceil()
-            .max(1.0) as usize;
+        let batch = self.config.bidders_per_round(round.standings.len());
         let mut granted = BTreeMap::new();
         let mut pass = 0u64;
         while !leftover.is_empty() && !candidates.is_empty() {

@@ -94,25 +94,18 @@ pub async fn start(running: &Running, config: &ServerConfig) -> anyhow::Result<(
     let client = awc::Client::default();
     let mut tokens = Vec::new();
     for tenant in ["demo-vision", "demo-speech"] {
-        let created = post(
-            &client,
-            &base,
-            &admin,
-            "/v1/tenants",
-            json!({ "name": tenant }),
-        )
-        .await
-        .or_else(|_| Ok::<_, anyhow::Error>(Value::Null))?;
-        match created["token"].as_str() {
-            Some(token) => tokens.push(token.to_owned()),
-            None => tracing::info!(
-                tenant,
-                "demo tenant exists from an earlier run; its apps go on"
-            ),
+        let body = json!({ "name": tenant });
+        match post(&client, &base, &admin, "/v1/tenants", body).await {
+            Ok(created) => tokens.push(created["token"].as_str().map(str::to_owned)),
+            Err(error) => {
+                // Typically a restart on the same database: the earlier demo apps go on.
+                tracing::info!(tenant, %error, "demo tenant not created; its apps are not added");
+                tokens.push(None);
+            }
         }
     }
     for (index, app) in APPS.iter().enumerate() {
-        let Some(token) = tokens.get(index % 2).cloned() else {
+        let Some(token) = tokens[index % 2].clone() else {
             continue;
         };
         let registered = post(&client, &base, &token, "/v1/apps", registration(app)).await?;

@@ -163,13 +163,7 @@ impl Arbiter {
             let state = serde_json::to_value(&app.kind)
                 .map_err(|error| ArbiterError::Internal(error.to_string()))?;
             let mut commit = if finished {
-                let released = next
-                    .remove_app(&id, self.now())
-                    .map_err(|error| ArbiterError::Internal(error.to_string()))?;
-                let mut commit =
-                    records::ended_leases(&self.market, &released, Some("the app finished"))?;
-                commit.finished_apps.push(request.app);
-                commit
+                self.stage_departure(&mut next, &id, request.app)?
             } else {
                 Commit::default()
             };
@@ -208,6 +202,24 @@ impl Arbiter {
     }
 }
 
+impl Arbiter {
+    /// The app leaves `next` (the staged market): its leases are released and it is recorded
+    /// as finished.
+    fn stage_departure(
+        &self,
+        next: &mut agora_market::market::Market,
+        id: &AppId,
+        key: i64,
+    ) -> Result<Commit, ArbiterError> {
+        let released = next
+            .remove_app(id, self.now())
+            .map_err(|error| ArbiterError::Internal(error.to_string()))?;
+        let mut commit = records::ended_leases(&self.market, &released, Some("the app finished"))?;
+        commit.finished_apps.push(key);
+        Ok(commit)
+    }
+}
+
 #[derive(Debug, Message)]
 #[rtype(result = "Result<(), ArbiterError>")]
 pub struct FinishApp {
@@ -222,12 +234,7 @@ impl Handler<FinishApp> for Arbiter {
         let staged = (|| {
             let id = self.authorize(request.tenant, request.app)?;
             let mut next = self.market.clone();
-            let released = next
-                .remove_app(&id, self.now())
-                .map_err(|error| ArbiterError::Internal(error.to_string()))?;
-            let mut commit =
-                records::ended_leases(&self.market, &released, Some("the app finished"))?;
-            commit.finished_apps.push(request.app);
+            let commit = self.stage_departure(&mut next, &id, request.app)?;
             Ok((next, commit, id))
         })();
         AtomicResponse::new(match staged {
@@ -526,7 +533,6 @@ impl Handler<StandingOf> for Arbiter {
             .position(|standing| standing.app == id)
             .ok_or(ArbiterError::AppNotActive(request.app))?;
         let standing = &standings[position];
-        let f = self.market.config().fairness_knob;
         Ok(AppStanding {
             rho: standing.rho.map(f64::from),
             gpus_held: self
@@ -538,7 +544,7 @@ impl Handler<StandingOf> for Arbiter {
             unmet_demand: standing.unmet_demand,
             position,
             active_apps: standings.len(),
-            bidders_per_round: ((1.0 - f) * standings.len() as f64).ceil().max(1.0) as usize,
+            bidders_per_round: self.market.config().bidders_per_round(standings.len()),
         })
     }
 }

@@ -137,12 +137,9 @@ pub struct GpuView {
 #[derive(Debug, Clone)]
 pub struct LastRound {
     pub round_id: i64,
-    pub status: String,
     pub position: i32,
-    pub standings: i64,
     pub bidder: bool,
     pub rho: Option<f64>,
-    pub unmet_demand: i32,
 }
 
 /// What the arbiter reloads after a restart.
@@ -516,11 +513,8 @@ impl Store {
     pub async fn last_round_of(&self, app: i64) -> Result<Option<LastRound>, StoreError> {
         Ok(sqlx::query_as!(
             LastRound,
-            r#"SELECT s.round_id, r.status, s.position, s.rho, s.unmet_demand, s.bidder,
-                      (SELECT count(*) FROM round_standings o WHERE o.round_id = s.round_id)
-                          AS "standings!"
-               FROM round_standings s JOIN rounds r ON r.id = s.round_id
-               WHERE s.app_id = $1 ORDER BY s.round_id DESC LIMIT 1"#,
+            "SELECT round_id, position, bidder, rho FROM round_standings
+             WHERE app_id = $1 ORDER BY round_id DESC LIMIT 1",
             app
         )
         .fetch_optional(&self.pool)

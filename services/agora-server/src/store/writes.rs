@@ -123,22 +123,6 @@ pub struct Commit {
     pub events: Vec<AppEvent>,
 }
 
-impl Commit {
-    pub fn is_empty(&self) -> bool {
-        self.opened_round.is_none()
-            && self.closed_round.is_none()
-            && self.abandoned_rounds.is_empty()
-            && self.granted.is_empty()
-            && self.ended.is_empty()
-            && self.notices.is_empty()
-            && self.app_states.is_empty()
-            && self.progress.is_empty()
-            && self.finished_apps.is_empty()
-            && self.gpu_health.is_empty()
-            && self.events.is_empty()
-    }
-}
-
 /// A framework's bid, stored when it is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BidInsert {
