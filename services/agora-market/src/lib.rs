@@ -14,6 +14,7 @@ pub mod auction;
 pub mod baselines;
 pub mod bids;
 pub mod fairness;
+pub mod hosts;
 pub mod lease;
 pub mod leftover;
 pub mod market;

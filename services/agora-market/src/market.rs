@@ -20,6 +20,7 @@ use crate::auction::{run_auction, AppBid, AuctionError, AuctionOutcome, Offer, O
 use crate::baselines::{self, Contender, RoundView};
 use crate::bids::{generate_bid, BidConfig, PreparedOffer};
 use crate::fairness::{rho, ContentionTracker, FairnessContext};
+use crate::hosts::{Host, HostDirectory, HostError, HostSpec};
 use crate::lease::{Lease, LeaseBook, LeaseError, LeaseId};
 use crate::leftover::{LeftoverPolicy, Recipient};
 use crate::policy::Policy;
@@ -90,6 +91,10 @@ pub enum MarketError {
     #[error(transparent)]
     Lease(#[from] LeaseError),
     #[error(transparent)]
+    Host(#[from] HostError),
+    #[error(transparent)]
+    Topology(#[from] crate::topology::TopologyError),
+    #[error(transparent)]
     Auction(#[from] AuctionError),
 }
 
@@ -103,12 +108,39 @@ struct Participant {
     ended_gpu_seconds: f64,
 }
 
+/// Why a GPU is out of service. A GPU is offered only while it has no reason at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Withdrawal {
+    /// An operator drained it.
+    Drained,
+    /// Its host's worker reported it unhealthy.
+    Unhealthy,
+    /// Its host stopped heartbeating.
+    HostDown,
+    /// Its host registered again without it.
+    Unreported,
+}
+
+/// What a host's registration changed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostJoined {
+    pub host: Host,
+    /// GPUs the cluster did not have before, appended.
+    pub added: Vec<GpuIndex>,
+    /// The host's GPUs that it no longer reports: out of service.
+    pub unreported: Vec<GpuIndex>,
+    /// Leases revoked because they held an unreported GPU.
+    pub revoked: Vec<Lease>,
+}
+
 /// The engine's state: the cluster, the active apps and the leases.
 #[derive(Debug, Clone)]
 pub struct Market {
     config: MarketConfig,
     cluster: Cluster,
-    unhealthy: BTreeSet<GpuIndex>,
+    hosts: HostDirectory,
+    withdrawn: BTreeMap<GpuIndex, BTreeSet<Withdrawal>>,
     participants: BTreeMap<AppId, Participant>,
     leases: LeaseBook,
     contention: ContentionTracker,
@@ -209,7 +241,8 @@ impl Market {
         Ok(Self {
             config,
             cluster,
-            unhealthy: BTreeSet::new(),
+            hosts: HostDirectory::default(),
+            withdrawn: BTreeMap::new(),
             participants: BTreeMap::new(),
             leases: LeaseBook::new(),
             contention: ContentionTracker::new(now),
@@ -373,25 +406,138 @@ impl Market {
         Ok(released)
     }
 
-    /// Marks a GPU healthy or not. Losing a GPU revokes the lease holding it.
+    /// An operator takes a GPU out of service (revoking the lease holding it) or puts it back.
     pub fn set_gpu_health(
         &mut self,
         gpu: GpuIndex,
         healthy: bool,
         now: Timestamp,
     ) -> Option<Lease> {
+        self.set_withdrawn(gpu, Withdrawal::Drained, !healthy);
         if healthy {
-            self.unhealthy.remove(&gpu);
             return None;
         }
-        self.unhealthy.insert(gpu);
+        self.revoke_gpu(gpu, now)
+    }
+
+    /// Adds or removes one reason for `gpu` to be out of service. Leases are untouched: a
+    /// lease on a withdrawn GPU runs until [`Self::revoke_gpu`] (after a notice, say).
+    pub fn set_withdrawn(&mut self, gpu: GpuIndex, reason: Withdrawal, withdrawn: bool) {
+        if withdrawn {
+            self.withdrawn.entry(gpu).or_default().insert(reason);
+        } else if let Some(reasons) = self.withdrawn.get_mut(&gpu) {
+            reasons.remove(&reason);
+            if reasons.is_empty() {
+                self.withdrawn.remove(&gpu);
+            }
+        }
+    }
+
+    /// Revokes the lease holding `gpu`, if any.
+    pub fn revoke_gpu(&mut self, gpu: GpuIndex, now: Timestamp) -> Option<Lease> {
         let revoked = self.leases.revoke_gpu(gpu, now)?;
         self.credit_ended(std::slice::from_ref(&revoked));
         Some(revoked)
     }
 
+    /// In service: no reason to withhold it from offers.
     pub fn is_healthy(&self, gpu: GpuIndex) -> bool {
-        !self.unhealthy.contains(&gpu)
+        !self.withdrawn.contains_key(&gpu)
+    }
+
+    /// Whether `reason` is one of the reasons `gpu` is out of service.
+    pub fn is_withdrawn_for(&self, gpu: GpuIndex, reason: Withdrawal) -> bool {
+        self.withdrawn
+            .get(&gpu)
+            .is_some_and(|reasons| reasons.contains(&reason))
+    }
+
+    pub fn hosts(&self) -> &HostDirectory {
+        &self.hosts
+    }
+
+    /// The GPUs of host `name`, in cluster order.
+    pub fn host_gpus(&self, name: &str) -> Vec<GpuIndex> {
+        let Some(host) = self.hosts.get(name) else {
+            return Vec::new();
+        };
+        self.cluster
+            .gpus()
+            .filter(|(_, gpu)| gpu.location.machine == host.machine)
+            .map(|(index, _)| index)
+            .collect()
+    }
+
+    /// The registered host `gpu` is on, if any (a simulated fleet has none).
+    pub fn host_of(&self, gpu: GpuIndex) -> Option<&Host> {
+        self.hosts.on_machine(self.cluster.location(gpu).machine)
+    }
+
+    /// A host registers (or registers again): new GPUs join the cluster, the host is up, the
+    /// GPUs it reports are back in service unless withheld for another reason, and those it
+    /// no longer reports leave service, revoking their leases. All or nothing.
+    pub fn register_host(
+        &mut self,
+        spec: &HostSpec,
+        now: Timestamp,
+    ) -> Result<HostJoined, MarketError> {
+        let placement = self.hosts.place(&self.cluster, spec)?;
+        let mut cluster = self.cluster.clone();
+        let added = cluster.extend(placement.new_gpus)?;
+        let mut hosts = self.hosts.clone();
+        hosts.insert(placement.host.clone(), &cluster)?;
+        self.cluster = cluster;
+        self.hosts = hosts;
+        let reported: BTreeSet<&GpuId> = spec.gpus.iter().map(|gpu| &gpu.id).collect();
+        let mut unreported = Vec::new();
+        let mut revoked = Vec::new();
+        for gpu in self.host_gpus(&spec.name) {
+            self.set_withdrawn(gpu, Withdrawal::HostDown, false);
+            let gone = !reported.contains(&self.cluster.gpu(gpu).id);
+            self.set_withdrawn(gpu, Withdrawal::Unreported, gone);
+            if gone {
+                unreported.push(gpu);
+                revoked.extend(self.revoke_gpu(gpu, now));
+            }
+        }
+        Ok(HostJoined {
+            host: placement.host,
+            added,
+            unreported,
+            revoked,
+        })
+    }
+
+    /// After a restart: a host the service recorded, whose GPUs are already in the cluster.
+    pub fn restore_host(&mut self, host: Host) -> Result<(), MarketError> {
+        let (name, up) = (host.name.clone(), host.up);
+        self.hosts.insert(host, &self.cluster)?;
+        for gpu in self.host_gpus(&name) {
+            self.set_withdrawn(gpu, Withdrawal::HostDown, !up);
+        }
+        Ok(())
+    }
+
+    /// A host stopped heartbeating: its GPUs leave service and the leases holding them are
+    /// revoked (its worker can no longer enforce them).
+    pub fn host_down(&mut self, name: &str, now: Timestamp) -> Result<Vec<Lease>, MarketError> {
+        self.hosts.set_up(name, false)?;
+        let mut revoked = Vec::new();
+        for gpu in self.host_gpus(name) {
+            self.set_withdrawn(gpu, Withdrawal::HostDown, true);
+            revoked.extend(self.revoke_gpu(gpu, now));
+        }
+        Ok(revoked)
+    }
+
+    /// A host that was down heartbeats again: its GPUs return to service unless withheld for
+    /// another reason.
+    pub fn host_up(&mut self, name: &str) -> Result<(), MarketError> {
+        self.hosts.set_up(name, true)?;
+        for gpu in self.host_gpus(name) {
+            self.set_withdrawn(gpu, Withdrawal::HostDown, false);
+        }
+        Ok(())
     }
 
     /// Healthy GPUs that no active lease holds.
@@ -399,7 +545,7 @@ impl Market {
         self.cluster
             .gpus()
             .map(|(index, _)| index)
-            .filter(|gpu| !self.unhealthy.contains(gpu) && !self.leases.is_leased(*gpu))
+            .filter(|&gpu| self.is_healthy(gpu) && !self.leases.is_leased(gpu))
             .collect()
     }
 
@@ -660,9 +806,10 @@ impl Market {
             .gpus
             .iter()
             .map(|gpu| {
-                let index = self.cluster.index_of(&gpu.id).filter(|index| {
-                    !self.leases.is_leased(*index) && !self.unhealthy.contains(index)
-                });
+                let index = self
+                    .cluster
+                    .index_of(&gpu.id)
+                    .filter(|index| !self.leases.is_leased(*index) && self.is_healthy(*index));
                 index
                     .map(|index| (gpu.id.clone(), index))
                     .ok_or_else(|| MarketError::StaleOffer(gpu.id.clone()))

@@ -197,6 +197,35 @@ impl Cluster {
         Self::new(gpus)
     }
 
+    /// Appends `gpus` (a host joining); every existing GPU keeps its index and class. Fails,
+    /// changing nothing, if the grown cluster would be inconsistent.
+    pub fn extend(&mut self, gpus: Vec<Gpu>) -> Result<Vec<GpuIndex>, TopologyError> {
+        let first = self.gpus.len();
+        let mut all = self.gpus.clone();
+        all.extend(gpus);
+        *self = Self::new(all)?;
+        Ok((first..self.gpus.len())
+            .map(|index| GpuIndex(index as u32))
+            .collect())
+    }
+
+    /// The smallest rack, machine and slot numbers above every number in use (all 0 when the
+    /// cluster is empty): where a new host's GPUs go.
+    pub fn next_free_numbers(&self) -> GpuLocation {
+        let above = |number: fn(&GpuLocation) -> u32| {
+            self.gpus
+                .iter()
+                .map(|gpu| number(&gpu.location) + 1)
+                .max()
+                .unwrap_or(0)
+        };
+        GpuLocation {
+            rack: above(|location| location.rack),
+            machine: above(|location| location.machine),
+            slot: above(|location| location.slot),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.gpus.len()
     }
@@ -502,6 +531,35 @@ mod tests {
             split_machine,
             Err(TopologyError::MachineInTwoRacks { .. })
         ));
+    }
+
+    #[test]
+    fn extending_keeps_indices_and_refuses_inconsistent_gpus() {
+        let mut cluster =
+            Cluster::from_spec(&ClusterSpec::uniform(1, 1, 1, 2)).expect("valid spec");
+        let before: Vec<Gpu> = cluster.gpus().map(|(_, gpu)| gpu.clone()).collect();
+        assert_eq!(cluster.next_free_numbers(), location(1, 1, 1));
+        let new = Gpu {
+            id: GpuId::from("GPU-new"),
+            gpu_type: "gpu".into(),
+            location: location(0, 1, 1),
+        };
+        let added = cluster.extend(vec![new.clone()]).expect("consistent");
+        assert_eq!(added, vec![GpuIndex(2)]);
+        assert_eq!(cluster.index_of(&new.id), Some(GpuIndex(2)));
+        for (index, gpu) in before.iter().enumerate() {
+            assert_eq!(
+                cluster.gpu(GpuIndex(index as u32)),
+                gpu,
+                "old GPUs keep their index"
+            );
+        }
+        let snapshot = cluster.clone();
+        let duplicate = cluster.extend(vec![new]);
+        assert!(matches!(duplicate, Err(TopologyError::DuplicateGpu(_))));
+        assert_eq!(cluster, snapshot, "a refused extension changes nothing");
+        let empty = Cluster::new(Vec::new()).expect("empty");
+        assert_eq!(empty.next_free_numbers(), location(0, 0, 0));
     }
 
     #[test]

@@ -15,9 +15,18 @@ pub struct ServerConfig {
     pub database_url: String,
     /// Token that may create tenants and see everything. Without one, admin endpoints answer 403.
     pub admin_token: Option<String>,
-    /// The simulated GPU fleet: a cluster file (the simulator's format). Real hosts attach
-    /// through `agora worker` instead.
+    /// Where the GPUs come from: `simulated` (the default: the `fleet` file, mirrored
+    /// in-process) or `workers` (GPU hosts running `agora worker` register over HTTP; the
+    /// cluster starts empty and grows as they do; `fleet` is not read).
+    pub gpus: GpuSource,
+    /// The simulated GPU fleet: a cluster file (the simulator's format). Only with
+    /// `gpus = "simulated"`.
     pub fleet: PathBuf,
+    /// The bearer token `agora worker` presents (`Authorization: Bearer`). Required with
+    /// `gpus = "workers"`; the worker endpoints are closed otherwise.
+    pub worker_token: Option<String>,
+    /// How often workers heartbeat; a host silent for two intervals loses its leases.
+    pub heartbeat_interval_ms: u64,
     /// Themis's f: the worst (1 - f) fraction of apps by rho bid in each round.
     pub fairness_knob: f64,
     pub lease_seconds: u64,
@@ -35,7 +44,10 @@ impl Default for ServerConfig {
             listen: "127.0.0.1:8080".to_owned(),
             database_url: "postgres://postgres@127.0.0.1:5432/agora".to_owned(),
             admin_token: None,
+            gpus: GpuSource::Simulated,
             fleet: PathBuf::from("services/agora-sim/clusters/themis-testbed.toml"),
+            worker_token: None,
+            heartbeat_interval_ms: 5_000,
             fairness_knob: 0.8,
             lease_seconds: 600,
             round_deadline_ms: 2_000,
@@ -43,6 +55,17 @@ impl Default for ServerConfig {
             tick_ms: 100,
         }
     }
+}
+
+/// Where the arbiter's GPUs come from (`gpus` in the config, or `AGORA_GPUS`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuSource {
+    /// A simulated fleet from the `fleet` cluster file (`--demo`, tests).
+    #[default]
+    Simulated,
+    /// Real (or simulated-backend) hosts running `agora worker`.
+    Workers,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,8 +113,8 @@ impl ServerConfig {
         })
     }
 
-    /// `DATABASE_URL`, `AGORA_LISTEN`, `AGORA_ADMIN_TOKEN`, `AGORA_FLEET` and
-    /// `AGORA_LEASE_SECONDS` override the file.
+    /// `DATABASE_URL`, `AGORA_LISTEN`, `AGORA_ADMIN_TOKEN`, `AGORA_FLEET`,
+    /// `AGORA_LEASE_SECONDS`, `AGORA_GPUS` and `AGORA_WORKER_TOKEN` override the file.
     fn apply_environment(
         &mut self,
         env: impl Fn(&str) -> Option<String>,
@@ -107,6 +130,22 @@ impl ServerConfig {
         }
         if let Some(value) = env("AGORA_FLEET") {
             self.fleet = PathBuf::from(value);
+        }
+        if let Some(value) = env("AGORA_WORKER_TOKEN") {
+            self.worker_token = Some(value);
+        }
+        if let Some(value) = env("AGORA_GPUS") {
+            self.gpus = match value.as_str() {
+                "simulated" => GpuSource::Simulated,
+                "workers" => GpuSource::Workers,
+                _ => {
+                    return Err(ConfigError::Env {
+                        name: "AGORA_GPUS",
+                        value,
+                        reason: "expected `simulated` or `workers`".to_owned(),
+                    })
+                }
+            };
         }
         if let Some(value) = env("AGORA_LEASE_SECONDS") {
             self.lease_seconds = value.parse().map_err(|_| ConfigError::Env {
@@ -129,6 +168,7 @@ impl ServerConfig {
             ("lease_seconds", self.lease_seconds),
             ("round_deadline_ms", self.round_deadline_ms),
             ("tick_ms", self.tick_ms),
+            ("heartbeat_interval_ms", self.heartbeat_interval_ms),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(ConfigError::Invalid(format!(
@@ -140,7 +180,24 @@ impl ServerConfig {
                 "admin_token is empty; set a long random value or leave it out".to_owned(),
             ));
         }
-        Ok(())
+        match (self.gpus, self.worker_token.as_deref()) {
+            (GpuSource::Workers, None | Some("")) => Err(ConfigError::Invalid(
+                "gpus = \"workers\" needs a worker_token (or AGORA_WORKER_TOKEN): a long random value that every `agora worker` presents".to_owned(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The worker token, when hosts may register (`gpus = "workers"`).
+    pub fn accepted_worker_token(&self) -> Option<&str> {
+        match self.gpus {
+            GpuSource::Workers => self.worker_token.as_deref(),
+            GpuSource::Simulated => None,
+        }
+    }
+
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_interval_ms)
     }
 
     /// The engine's settings. The service always runs Themis with the paper's leftover rule,
@@ -208,5 +265,32 @@ mod tests {
         std::fs::write(&file, "lease = 3\n").expect("write");
         let error = ServerConfig::load(Some(&file), no_env).expect_err("unknown key");
         assert!(error.to_string().contains("lease"), "{error}");
+    }
+
+    #[test]
+    fn workers_mode_needs_a_worker_token_and_opens_the_worker_endpoints_only_then() {
+        let workers = |name: &str| (name == "AGORA_GPUS").then(|| "workers".to_owned());
+        let error = ServerConfig::load(None, workers).expect_err("no token");
+        assert!(error.to_string().contains("worker_token"), "{error}");
+
+        let env = |name: &str| match name {
+            "AGORA_GPUS" => Some("workers".to_owned()),
+            "AGORA_WORKER_TOKEN" => Some("secret".to_owned()),
+            _ => None,
+        };
+        let config = ServerConfig::load(None, env).expect("valid");
+        assert_eq!(config.gpus, GpuSource::Workers);
+        assert_eq!(config.accepted_worker_token(), Some("secret"));
+
+        let simulated = |name: &str| (name == "AGORA_WORKER_TOKEN").then(|| "secret".to_owned());
+        let config = ServerConfig::load(None, simulated).expect("valid");
+        assert_eq!(
+            config.accepted_worker_token(),
+            None,
+            "a simulated fleet takes no workers"
+        );
+        let typo = |name: &str| (name == "AGORA_GPUS").then(|| "worker".to_owned());
+        let error = ServerConfig::load(None, typo).expect_err("unknown source");
+        assert!(error.to_string().contains("AGORA_GPUS"), "{error}");
     }
 }

@@ -1,6 +1,7 @@
 //! `agora serve --demo`: two tenants and six synthetic HPO apps driven through the real HTTP
 //! API (register, follow events by long-poll, bid explicitly for some, report progress), on
-//! short leases, so a newcomer sees live rounds within seconds.
+//! short leases, so a newcomer sees live rounds within seconds. The log names the dashboard's
+//! address and each demo tenant's token, to sign in with.
 
 use std::time::{Duration, Instant};
 
@@ -96,7 +97,14 @@ pub async fn start(running: &Running, config: &ServerConfig) -> anyhow::Result<(
     for tenant in ["demo-vision", "demo-speech"] {
         let body = json!({ "name": tenant });
         match post(&client, &base, &admin, "/v1/tenants", body).await {
-            Ok(created) => tokens.push(created["token"].as_str().map(str::to_owned)),
+            Ok(created) => {
+                let token = created["token"].as_str().map(str::to_owned);
+                if let Some(token) = &token {
+                    // Demo tokens only: they let a newcomer sign in to the dashboard as a tenant.
+                    tracing::info!(tenant, token = %token, "demo tenant created");
+                }
+                tokens.push(token);
+            }
             Err(error) => {
                 // Typically a restart on the same database: the earlier demo apps go on.
                 tracing::info!(tenant, %error, "demo tenant not created; its apps are not added");
@@ -126,7 +134,8 @@ pub async fn start(running: &Running, config: &ServerConfig) -> anyhow::Result<(
         };
         actix_web::rt::spawn(driver.run());
     }
-    tracing::info!(%base, admin_token = %admin, "demo running: tenants demo-vision and demo-speech, 6 apps");
+    let dashboard = format!("{base}/");
+    tracing::info!(%dashboard, admin_token = %admin, "demo running: tenants demo-vision and demo-speech, 6 apps; open the dashboard and sign in with a token");
     Ok(())
 }
 
@@ -182,7 +191,10 @@ impl Driver {
                         self.handle(event).await;
                     }
                 }
-                Err(error) => tracing::warn!(app = self.app, %error, "demo app cannot poll"),
+                Err(error) => {
+                    tracing::warn!(app = self.app, %error, "demo app cannot poll; retrying in 1 s");
+                    actix_web::rt::time::sleep(Duration::from_secs(1)).await;
+                }
             }
             let elapsed = last_report.elapsed();
             last_report = Instant::now();

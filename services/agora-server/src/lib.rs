@@ -7,5 +7,7 @@ pub mod audit;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod metrics;
 pub mod server;
 pub mod store;
+pub mod telemetry;

@@ -1,5 +1,6 @@
-//! Starting the service: the fleet, the database, the arbiter's state as the database last
-//! recorded it, the actors, and the HTTP server. Must run inside the actix runtime.
+//! Starting the service: the database, the GPUs (a simulated fleet or the registered hosts),
+//! the arbiter's state as the database last recorded it, the actors, and the HTTP server. Must
+//! run inside the actix runtime.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,11 +11,13 @@ use actix_web::{web, App as HttpApp, HttpServer};
 use agora_market::app::{App, AppKind};
 use agora_market::auction::{AppBid, BidEntry, Offer};
 use agora_market::bids::PreparedOffer;
+use agora_market::hosts::Host;
 use agora_market::lease::{Lease, LeaseId, LeaseState};
-use agora_market::market::{Market, RoundOffer, Standing};
+use agora_market::market::{Market, RoundOffer, Standing, Withdrawal};
 use agora_market::rho::Rho;
 use agora_market::time::Timestamp;
-use agora_market::topology::{Cluster, GpuId, GpuIndex};
+use agora_market::topology::{Cluster, Gpu, GpuId, GpuIndex, GpuLocation};
+use agora_protocol::Enforcement;
 use anyhow::{anyhow, Context as _};
 use tokio::sync::broadcast;
 
@@ -22,8 +25,8 @@ use crate::actors::agent::Bidding;
 use crate::actors::arbiter::{Arbiter, ArbiterSettings, ReopenedRound, Restored};
 use crate::api::{self, ApiState};
 use crate::clock::{from_datetime, Clock};
-use crate::config::ServerConfig;
-use crate::store::{app_id, Store, StoredBid, StoredRound};
+use crate::config::{GpuSource, ServerConfig};
+use crate::store::{app_id, Store, StoredBid, StoredRound, StoredWorkerGpu};
 
 /// A started service.
 #[derive(Debug)]
@@ -45,31 +48,44 @@ impl Running {
 
 /// Starts everything; the HTTP server runs in the background until [`Running::stop`].
 pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Result<Running> {
-    let cluster = agora_sim::clusters::load_cluster(&config.fleet)
-        .with_context(|| "the simulated fleet (`fleet` in the config, or AGORA_FLEET)")?;
     let store = Store::connect(&config.database_url).await?;
-    store.sync_fleet(&cluster).await?;
+    let cluster = match config.gpus {
+        GpuSource::Simulated => {
+            let cluster = agora_sim::clusters::load_cluster(&config.fleet)
+                .with_context(|| "the simulated fleet (`fleet` in the config, or AGORA_FLEET)")?;
+            store.sync_fleet(&cluster).await?;
+            cluster
+        }
+        GpuSource::Workers => worker_cluster(&store.worker_gpus().await?)?,
+    };
     let restored = restore(&store, cluster, config, clock.now()).await?;
     let (events, _) = broadcast::channel(1024);
     let settings = ArbiterSettings {
         round_deadline: config.round_deadline(),
         revocation_grace: config.revocation_grace(),
         tick: config.tick(),
+        heartbeat_interval: config.heartbeat_interval(),
     };
     let arbiter = Arbiter::new(restored, store.clone(), clock, settings, events.clone()).start();
     let state = ApiState {
         store: store.clone(),
         arbiter: arbiter.clone(),
         admin_token_sha256: config.admin_token.as_deref().map(api::token_sha256),
+        worker_token_sha256: config.accepted_worker_token().map(api::token_sha256),
         events,
     };
     let http = HttpServer::new(move || {
         HttpApp::new()
             .app_data(web::Data::new(state.clone()))
             .wrap(actix_web::middleware::Logger::new("%r %s %Dms").log_target("agora::http"))
+            .wrap(actix_web::middleware::from_fn(
+                crate::telemetry::trace_request,
+            ))
             .configure(api::configure)
     })
     .workers(2)
+    // Event streams never finish by themselves: give them a few seconds, not actix's 30.
+    .shutdown_timeout(5)
     .disable_signals()
     .bind(&config.listen)
     .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -89,8 +105,8 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
     })
 }
 
-/// The engine's state as the database recorded it: active apps, active leases, drained GPUs,
-/// and the round that was open, if any.
+/// The engine's state as the database recorded it: GPU hosts, active apps, active leases,
+/// GPUs out of service, and the round that was open, if any.
 async fn restore(
     store: &Store,
     cluster: Cluster,
@@ -98,6 +114,9 @@ async fn restore(
     now: Timestamp,
 ) -> anyhow::Result<Restored> {
     let mut market = Market::new(cluster, config.market(), now)?;
+    if config.gpus == GpuSource::Workers {
+        restore_hosts(store, &mut market).await?;
+    }
     let mut members = Vec::new();
     for app in store.active_apps().await? {
         let kind: AppKind = serde_json::from_value(app.state)
@@ -105,6 +124,8 @@ async fn restore(
         let id = app_id(app.id);
         let bidding = Bidding::parse(&app.bidding)
             .ok_or_else(|| anyhow!("app {}: unknown bidding mode {}", app.id, app.bidding))?;
+        let enforcement: Enforcement = serde_json::from_value(app.enforcement)
+            .with_context(|| format!("stored enforcement of app {}", app.id))?;
         let arrival = from_datetime(app.arrived_at);
         market.restore_app(
             App {
@@ -115,7 +136,7 @@ async fn restore(
             app.ended_gpu_seconds,
             now,
         )?;
-        members.push((id, app.tenant_id, bidding));
+        members.push((id, app.tenant_id, bidding, enforcement));
     }
     for lease in store.active_leases().await? {
         let gpus = gpu_indices(market.cluster(), &lease.gpus)?;
@@ -130,7 +151,7 @@ async fn restore(
         })?;
     }
     for gpu in gpu_indices(market.cluster(), &store.unhealthy_gpus().await?)? {
-        market.set_gpu_health(gpu, false, now);
+        market.set_withdrawn(gpu, Withdrawal::Drained, true);
     }
     let (next_round, next_lease) = store.next_ids().await?;
     market.issue_lease_ids_from(LeaseId(next_lease as u64));
@@ -156,6 +177,53 @@ async fn restore(
         round,
         next_round,
     })
+}
+
+/// The cluster the registered GPU hosts form, as stored.
+fn worker_cluster(gpus: &[StoredWorkerGpu]) -> anyhow::Result<Cluster> {
+    let gpus = gpus
+        .iter()
+        .map(|gpu| Gpu {
+            id: GpuId(gpu.gpu_id.clone()),
+            gpu_type: gpu.gpu_type.clone(),
+            location: GpuLocation {
+                rack: gpu.rack as u32,
+                machine: gpu.machine_id as u32,
+                slot: gpu.slot as u32,
+            },
+        })
+        .collect();
+    Cluster::new(gpus).context("the GPU hosts stored in the database")
+}
+
+/// The registered GPU hosts: which are up, how their slots map onto the cluster's, and which
+/// of their GPUs are out of service.
+async fn restore_hosts(store: &Store, market: &mut Market) -> anyhow::Result<()> {
+    let gpus = store.worker_gpus().await?;
+    for host in store.worker_hosts().await? {
+        let slots = gpus
+            .iter()
+            .filter(|gpu| gpu.machine_id == host.machine_id)
+            .map(|gpu| (gpu.host_slot as u32, gpu.slot as u32))
+            .collect();
+        let restored = Host::restored(
+            host.name,
+            host.rack_name,
+            host.machine_id as u32,
+            slots,
+            host.status == "up",
+        );
+        market.restore_host(restored)?;
+    }
+    for gpu in &gpus {
+        let index = market
+            .cluster()
+            .index_of(&GpuId(gpu.gpu_id.clone()))
+            .ok_or_else(|| anyhow!("GPU {} of a stored host is not in the cluster", gpu.gpu_id))?;
+        market.set_withdrawn(index, Withdrawal::Unhealthy, !gpu.healthy);
+        market.set_withdrawn(index, Withdrawal::Unreported, !gpu.reported);
+    }
+    Ok(())
 }
 
 fn gpu_indices(cluster: &Cluster, ids: &[String]) -> anyhow::Result<Vec<GpuIndex>> {

@@ -17,7 +17,8 @@ pub struct ReplayArgs {
     /// Replay every closed round.
     #[arg(long)]
     all: bool,
-    /// The database (default: $DATABASE_URL, else the local `agora` database).
+    /// The database (default: $DATABASE_URL, else the local `agora` database). Read only: a
+    /// role with the `agora_auditor` rights is enough.
     #[arg(
         long,
         env = "DATABASE_URL",
@@ -35,7 +36,8 @@ impl AuditCommand {
 
 impl ReplayArgs {
     async fn replay(self) -> anyhow::Result<()> {
-        let store = agora_server::store::Store::connect(&self.database_url).await?;
+        let store =
+            agora_server::store::Store::connect_without_migrating(&self.database_url).await?;
         let rounds = match self.round {
             Some(round) => vec![round],
             None => store.closed_round_ids().await?,

@@ -6,6 +6,7 @@ pub mod audit;
 pub mod experiment;
 pub mod serve;
 pub mod simulate;
+pub mod worker;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +39,8 @@ enum Command {
     /// Check stored history against the engine.
     #[command(subcommand)]
     Audit(audit::AuditCommand),
+    /// Run the agent of a GPU host: report its GPUs to the arbiter and enforce leases.
+    Worker(worker::WorkerArgs),
 }
 
 impl Cli {
@@ -48,6 +51,7 @@ impl Cli {
             Command::Experiment(args) => args.run()?,
             Command::Serve(args) => args.run()?,
             Command::Audit(command) => command.run()?,
+            Command::Worker(args) => args.run()?,
         }
         Ok(())
     }

@@ -22,7 +22,8 @@ pub struct ServeArgs {
 
 impl ServeArgs {
     pub fn run(self) -> anyhow::Result<()> {
-        init_logs();
+        // Dropped after the runtime stops, so what the exporters still hold is sent.
+        let _telemetry = agora_server::telemetry::init();
         let mut config =
             ServerConfig::load(self.config.as_deref(), |name| std::env::var(name).ok())?;
         if self.demo {
@@ -41,23 +42,8 @@ impl ServeArgs {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default: info, quiet database driver); one JSON
-/// object per line when `AGORA_LOG_FORMAT=json`.
-fn init_logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,actix_server=warn"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if std::env::var("AGORA_LOG_FORMAT").as_deref() == Ok("json") {
-        logs.json().init();
-    } else {
-        logs.init();
-    }
-}
-
 /// Waits for Ctrl-C or SIGTERM.
-async fn shutdown_signal() -> anyhow::Result<()> {
+pub(super) async fn shutdown_signal() -> anyhow::Result<()> {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot listen for SIGTERM")?;
     tokio::select! {

@@ -33,7 +33,8 @@ pub(super) fn solve(instance: &Instance) -> Result<Solution, AuctionError> {
         instance,
         contested: &contested,
     };
-    let pf_choices = parallel_map(&components, |members| pf_choice(&context, members));
+    let pf_choices = tracing::info_span!("pf_solve", components = components.len())
+        .in_scope(|| parallel_map(&components, |members| pf_choice(&context, members)));
     let mut options: Choice = vec![None; instance.bidders.len()];
     for (members, choice) in components.iter().zip(pf_choices) {
         for (&member, option) in members.iter().zip(choice?) {
@@ -51,8 +52,14 @@ pub(super) fn solve(instance: &Instance) -> Result<Solution, AuctionError> {
                 .map(move |&m| (m, members))
         })
         .collect();
-    let payer_shares = parallel_map(&payers, |&(payer, members)| {
-        payment_share(&context, members, payer, &options)
+    // The solves run on worker threads, so each names its parent span explicitly.
+    let payments = tracing::info_span!("payment_solves", payers = payers.len());
+    let payer_shares = payments.in_scope(|| {
+        parallel_map(&payers, |&(payer, members)| {
+            let app = &instance.bidders[payer].bid.app;
+            tracing::info_span!(parent: &payments, "payment_solve", %app)
+                .in_scope(|| payment_share(&context, members, payer, &options))
+        })
     });
     let mut shares = vec![1.0; instance.bidders.len()];
     for (&(payer, _), share) in payers.iter().zip(payer_shares) {

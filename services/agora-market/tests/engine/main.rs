@@ -3,6 +3,7 @@
 mod auction;
 mod baselines;
 mod bids;
+mod hosts;
 mod market;
 mod replay;
 mod restore;

@@ -44,6 +44,8 @@ pub struct BidRequest {
     pub round: i64,
     pub offer: Arc<PreparedOffer>,
     pub inputs: BidInputs,
+    /// The round's bid collection, which the agent's work joins.
+    pub span: tracing::Span,
 }
 
 /// The agent's answer to a [`BidRequest`].
@@ -81,6 +83,8 @@ impl Handler<BidRequest> for AppAgent {
     type Result = ();
 
     fn handle(&mut self, request: BidRequest, _: &mut Self::Context) {
+        let _span =
+            tracing::info_span!(parent: &request.span, "agent_bid", app = %self.app).entered();
         let bid = request.inputs.bid(&request.offer);
         debug_assert_eq!(bid.app, self.app);
         self.arbiter.do_send(AgentBid {

@@ -5,16 +5,18 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use agora_market::app::AppId;
 use agora_market::auction::AppBid;
 use agora_market::lease::Lease;
-use agora_market::market::{Market, RoundOffer};
+use agora_market::market::{Market, RoundOffer, Withdrawal};
 use agora_market::time::Timestamp;
 use agora_market::topology::{GpuId, GpuIndex};
+use agora_protocol::Enforcement;
 use tokio::sync::broadcast;
+use tracing::Instrument;
 
 use super::agent::{AgentBid, AppAgent, BidRequest, Bidding};
 use super::gpu_worker::{GpuCommand, GpuWorker};
@@ -22,7 +24,9 @@ use super::lease_manager::{LeaseManager, Schedule, Timer, TimerFired};
 use super::records;
 use super::ArbiterError;
 use crate::clock::Clock;
+use crate::metrics::metrics;
 use crate::store::{app_key, Commit, Store};
+use crate::telemetry::RoundTrace;
 
 /// A registered app as the arbiter knows it (the engine holds its jobs).
 #[derive(Debug)]
@@ -30,6 +34,17 @@ pub(super) struct Member {
     pub tenant: i64,
     pub bidding: Bidding,
     pub agent: Addr<AppAgent>,
+    /// How GPU hosts enforce its leases.
+    pub enforcement: Enforcement,
+}
+
+/// A lease on a GPU has been given notice: at `at` the GPU leaves service for `withdrawal` and
+/// the lease holding it is revoked.
+#[derive(Debug, Clone)]
+pub(super) struct Notice {
+    pub at: Timestamp,
+    pub withdrawal: Withdrawal,
+    pub reason: String,
 }
 
 /// The round in progress, if any.
@@ -53,6 +68,7 @@ pub(super) struct PendingRound {
     pub framework_bids: BTreeMap<AppId, AppBid>,
     /// Bids of the agents: final for agent-bidding apps, fallbacks for explicit ones.
     pub agent_bids: BTreeMap<AppId, AppBid>,
+    pub trace: RoundTrace,
 }
 
 impl PendingRound {
@@ -74,6 +90,8 @@ pub struct ArbiterSettings {
     pub round_deadline: Duration,
     pub revocation_grace: Duration,
     pub tick: Duration,
+    /// How often GPU hosts heartbeat; two silent intervals and a host's leases are revoked.
+    pub heartbeat_interval: Duration,
 }
 
 pub type Reply<T> = ResponseActFuture<Arbiter, Result<T, ArbiterError>>;
@@ -90,12 +108,16 @@ pub struct Arbiter {
     pub(super) next_round: i64,
     /// Rounds left `open` in the database by a failed close; abandoned by the next commit.
     stale_rounds: Vec<i64>,
-    pub(super) draining: BTreeSet<GpuIndex>,
+    /// GPUs whose lease has been given notice.
+    pub(super) draining: BTreeMap<GpuIndex, Notice>,
     timers: Option<Addr<LeaseManager>>,
-    gpus: Vec<Addr<GpuWorker>>,
+    /// One mirror per GPU, by index.
+    pub(super) gpus: Vec<Addr<GpuWorker>>,
+    /// When each registered host last registered or heartbeat.
+    pub(super) last_seen: BTreeMap<String, Timestamp>,
     pub(super) events: broadcast::Sender<i64>,
     /// Restored from the database, waiting for the actors to start.
-    restored_members: Vec<(AppId, i64, Bidding)>,
+    restored_members: Vec<(AppId, i64, Bidding, Enforcement)>,
     restored_round: Option<Box<PendingRound>>,
 }
 
@@ -113,7 +135,7 @@ pub struct ReopenedRound {
 #[derive(Debug)]
 pub struct Restored {
     pub market: Market,
-    pub members: Vec<(AppId, i64, Bidding)>,
+    pub members: Vec<(AppId, i64, Bidding, Enforcement)>,
     pub round: Option<ReopenedRound>,
     pub next_round: i64,
 }
@@ -134,6 +156,10 @@ impl Arbiter {
                 offer: round.offer,
                 framework_bids: round.framework_bids,
                 agent_bids: BTreeMap::new(),
+                trace: RoundTrace::collecting_bids(
+                    tracing::info_span!(parent: None, "auction_round", round = round.id),
+                    Instant::now(),
+                ),
             })
         });
         Self {
@@ -146,9 +172,10 @@ impl Arbiter {
             round_wanted: false,
             next_round: restored.next_round,
             stale_rounds: Vec::new(),
-            draining: BTreeSet::new(),
+            draining: BTreeMap::new(),
             timers: None,
             gpus: Vec::new(),
+            last_seen: BTreeMap::new(),
             events,
             restored_members: restored.members,
             restored_round,
@@ -170,6 +197,7 @@ impl Arbiter {
         app: AppId,
         tenant: i64,
         bidding: Bidding,
+        enforcement: Enforcement,
         ctx: &mut Context<Self>,
     ) {
         let agent = AppAgent::new(app.clone(), bidding, ctx.address().recipient()).start();
@@ -179,6 +207,7 @@ impl Arbiter {
                 tenant,
                 bidding,
                 agent,
+                enforcement,
             },
         );
     }
@@ -192,13 +221,18 @@ impl Arbiter {
         commit.abandoned_rounds.append(&mut self.stale_rounds);
         let store = self.store.clone();
         let now = self.now();
+        // The decision's span (a request's, a round's) follows it through the commit.
+        let caller = tracing::Span::current();
         Box::pin(
             async move { store.commit(&commit, now).await.map(|()| commit) }
+                .instrument(tracing::info_span!("persistence"))
                 .into_actor(self)
                 .map(move |result, arbiter, ctx| {
+                    let _caller = caller.enter();
                     let commit = result?;
                     let value = apply(arbiter, ctx);
-                    arbiter.after_commit(&commit, ctx);
+                    tracing::info_span!("notification")
+                        .in_scope(|| arbiter.after_commit(&commit, ctx));
                     Ok(value)
                 }),
         )
@@ -214,6 +248,7 @@ impl Arbiter {
     }
 
     fn after_commit(&mut self, commit: &Commit, ctx: &mut Context<Self>) {
+        metrics().observe_capacity(&self.market);
         let told: BTreeSet<i64> = commit.events.iter().map(|event| event.app).collect();
         for app in told {
             // No subscriber is not an error: the events are in the database for later.
@@ -236,13 +271,14 @@ impl Arbiter {
         }
         let capacity_changed = !commit.ended.is_empty()
             || !commit.finished_apps.is_empty()
-            || commit.gpu_health.iter().any(|(_, healthy)| *healthy);
+            || commit.gpu_health.iter().any(|(_, healthy)| *healthy)
+            || commit.workers.returns_capacity;
         if capacity_changed || (commit.closed_round.is_some() && self.round_wanted) {
             self.open_round_if_idle(ctx);
         }
     }
 
-    fn tell_gpu(&self, gpu: &str, command: GpuCommand) {
+    pub(super) fn tell_gpu(&self, gpu: &str, command: GpuCommand) {
         if let Some(index) = self.market.cluster().index_of(&GpuId(gpu.to_owned())) {
             self.gpus[index.get()].do_send(command);
         }
@@ -257,10 +293,26 @@ impl Arbiter {
         }
         self.round_wanted = false;
         let now = self.now();
-        let Some(offer) = self.market.open_round(now) else {
+        // Each round is a trace of its own, linked to what opened it.
+        let opened = Instant::now();
+        let round_span =
+            tracing::info_span!(parent: None, "auction_round", round = tracing::field::Empty);
+        round_span.follows_from(tracing::Span::current());
+        let Some(offer) = tracing::info_span!(parent: &round_span, "rho_collection")
+            .in_scope(|| self.market.open_round(now))
+        else {
             return;
         };
+        metrics().observe_standings(&offer.standings);
         let id = self.next_round;
+        round_span.record("round", id);
+        let offering = tracing::info_span!(
+            parent: &round_span,
+            "offer",
+            gpus = offer.offer.offer.gpus.len(),
+            bidders = offer.bidders.len()
+        );
+        let _offering = offering.enter();
         let seed = random_seed();
         let deadline = now.saturating_add(self.settings.round_deadline);
         let commit = match records::opened_round(&self.market, id, seed, deadline, &offer) {
@@ -281,6 +333,7 @@ impl Arbiter {
                 offer,
                 framework_bids: BTreeMap::new(),
                 agent_bids: BTreeMap::new(),
+                trace: RoundTrace::collecting_bids(round_span, opened),
             }));
             arbiter.request_agent_bids();
         });
@@ -315,6 +368,7 @@ impl Arbiter {
                 round: round.id,
                 offer: offer.clone(),
                 inputs,
+                span: round.trace.bid_collection().clone(),
             });
         }
     }
@@ -334,6 +388,8 @@ impl Arbiter {
         else {
             return;
         };
+        let round_span = round.trace.span.clone();
+        let _round = round_span.enter();
         let reply = self.close_round(*round);
         let reply = self.recover_round_on_error(reply);
         self.run_internal(reply, ctx);
@@ -347,8 +403,10 @@ impl Arbiter {
             offer,
             mut framework_bids,
             agent_bids,
+            trace,
             ..
         } = round;
+        let opened = trace.bids_collected();
         let mut agent_bids_used = Vec::new();
         let bids: Vec<AppBid> = offer
             .bidders
@@ -390,6 +448,7 @@ impl Arbiter {
         self.commit(commit, move |arbiter, _| {
             arbiter.market = next;
             arbiter.round = RoundState::Idle;
+            metrics().round_closed(opened.elapsed());
         })
     }
 
@@ -412,26 +471,37 @@ impl Arbiter {
         self.run_internal(reply, ctx);
     }
 
-    /// A drained GPU's notice is over: take it out of service, revoking its lease.
-    fn revoke_drained(&mut self, gpu: GpuIndex, ctx: &mut Context<Self>) {
-        if !self.draining.remove(&gpu) {
+    /// A GPU's notice is over (an operator drained it, or its host reported it unhealthy): it
+    /// leaves service and the lease holding it is revoked.
+    fn revoke_after_notice(&mut self, gpu: GpuIndex, ctx: &mut Context<Self>) {
+        let now = self.now();
+        // A notice given again later (after a cancelled one) waits for its own timer.
+        if self.draining.get(&gpu).is_none_or(|notice| notice.at > now) {
             return;
         }
-        let now = self.now();
+        let Some(notice) = self.draining.remove(&gpu) else {
+            return;
+        };
         let mut next = self.market.clone();
-        let revoked: Vec<Lease> = next.set_gpu_health(gpu, false, now).into_iter().collect();
-        let reason = Some("the GPU was drained by an operator");
-        let mut commit = match records::ended_leases(&next, &revoked, reason) {
+        next.set_withdrawn(gpu, notice.withdrawal, true);
+        let revoked: Vec<Lease> = next.revoke_gpu(gpu, now).into_iter().collect();
+        let mut commit = match records::ended_leases(&next, &revoked, Some(&notice.reason)) {
             Ok(commit) => commit,
             Err(error) => {
                 tracing::error!(%error, "cannot record a revocation");
                 return;
             }
         };
-        commit
-            .gpu_health
-            .push((next.cluster().gpu(gpu).id.0.clone(), false));
-        let reply = self.commit(commit, move |arbiter, _| arbiter.market = next);
+        if notice.withdrawal == Withdrawal::Drained {
+            commit
+                .gpu_health
+                .push((next.cluster().gpu(gpu).id.0.clone(), false));
+        }
+        let revocations = revoked.len();
+        let reply = self.commit(commit, move |arbiter, _| {
+            arbiter.market = next;
+            metrics().leases_revoked(revocations);
+        });
         self.run_internal(reply, ctx);
     }
 
@@ -440,10 +510,7 @@ impl Arbiter {
             .market
             .cluster()
             .gpus()
-            .map(|(index, gpu)| {
-                let uuid = crate::store::simulated_cuda_uuid(&gpu.id.0);
-                GpuWorker::simulated(gpu.id.0.clone(), uuid, self.market.is_healthy(index)).start()
-            })
+            .map(|(index, _)| self.gpu_worker(index).start())
             .collect();
         for lease in self.market.leases().active() {
             let (lease_id, app) = (lease.id.0 as i64, app_key(&lease.app).unwrap_or_default());
@@ -467,9 +534,11 @@ impl Actor for Arbiter {
             ctx.address().recipient(),
         ));
         self.start_gpu_workers();
-        for (app, tenant, bidding) in std::mem::take(&mut self.restored_members) {
-            self.join(app, tenant, bidding, ctx);
+        metrics().observe_capacity(&self.market);
+        for (app, tenant, bidding, enforcement) in std::mem::take(&mut self.restored_members) {
+            self.join(app, tenant, bidding, enforcement, ctx);
         }
+        self.watch_restored_hosts();
         for lease in self.market.leases().active() {
             self.schedule(lease.end, Timer::LeaseEnd);
         }
@@ -487,8 +556,11 @@ impl Handler<TimerFired> for Arbiter {
 
     fn handle(&mut self, fired: TimerFired, ctx: &mut Self::Context) {
         match fired.timer {
-            Timer::LeaseEnd => self.expire_due_leases(ctx),
-            Timer::Revocation(gpu) => self.revoke_drained(gpu, ctx),
+            Timer::LeaseEnd => tracing::info_span!(parent: None, "lease_expiry")
+                .in_scope(|| self.expire_due_leases(ctx)),
+            Timer::Revocation(gpu) => tracing::info_span!(parent: None, "revocation")
+                .in_scope(|| self.revoke_after_notice(gpu, ctx)),
+            Timer::HostLiveness => self.stop_silent_hosts(ctx),
             Timer::RoundDeadline(id) => {
                 if matches!(&self.round, RoundState::Open(round) if round.id == id) {
                     self.close_round_if_due(ctx);
@@ -507,6 +579,9 @@ impl Handler<AgentBid> for Arbiter {
         };
         if round.id != answer.round {
             return;
+        }
+        if !answer.fallback {
+            metrics().bid_received("agent");
         }
         round.agent_bids.insert(answer.bid.app.clone(), answer.bid);
         self.close_round_if_due(ctx);

@@ -1,15 +1,22 @@
 //! `GpuWorker`: one per GPU, mirroring what the GPU's host runs. In a simulated fleet (`--demo`,
-//! tests) the mirror is the whole worker: it starts and stops leases instantly. Real hosts
-//! attach through `agora worker` (NVML).
+//! tests) the mirror is the whole worker: it starts and stops leases instantly. On a GPU host
+//! running `agora worker`, the mirror also holds what the host's last heartbeat said about the
+//! GPU (its health and metrics); the worker itself enforces the leases.
 
 use actix::prelude::*;
+use agora_protocol::{GpuHealth, GpuMetrics};
 
 /// The worker's view of its GPU.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GpuState {
     pub gpu: String,
     pub cuda_uuid: String,
+    /// The host running `agora worker`; `None` in a simulated fleet.
+    pub host: Option<String>,
+    /// In service (offered in rounds).
     pub healthy: bool,
+    /// The host's last report: health and metrics.
+    pub reported: Option<(GpuHealth, GpuMetrics)>,
     /// The active lease on this GPU and its app.
     pub running: Option<(i64, i64)>,
 }
@@ -27,6 +34,11 @@ pub enum GpuCommand {
         lease: i64,
     },
     SetHealth(bool),
+    /// The host's heartbeat reported on the GPU.
+    Report {
+        health: GpuHealth,
+        metrics: GpuMetrics,
+    },
 }
 
 #[derive(Debug, Message)]
@@ -44,7 +56,23 @@ impl GpuWorker {
             state: GpuState {
                 gpu,
                 cuda_uuid,
+                host: None,
                 healthy,
+                reported: None,
+                running: None,
+            },
+        }
+    }
+
+    /// A GPU of a host running `agora worker`; its id is its CUDA UUID.
+    pub fn on_host(uuid: String, host: String, healthy: bool) -> Self {
+        Self {
+            state: GpuState {
+                gpu: uuid.clone(),
+                cuda_uuid: uuid,
+                host: Some(host),
+                healthy,
+                reported: None,
                 running: None,
             },
         }
@@ -71,6 +99,9 @@ impl Handler<GpuCommand> for GpuWorker {
                 }
             }
             GpuCommand::SetHealth(healthy) => self.state.healthy = healthy,
+            GpuCommand::Report { health, metrics } => {
+                self.state.reported = Some((health, metrics));
+            }
         }
     }
 }
@@ -110,5 +141,27 @@ mod tests {
             .expect("running");
         let state = worker.send(GetGpuState).await.expect("running");
         assert_eq!(state.running, None);
+    }
+
+    #[actix::test]
+    async fn a_host_gpu_mirrors_its_last_report() {
+        let worker = GpuWorker::on_host("GPU-1".into(), "node-1".into(), true).start();
+        let health = GpuHealth::Unhealthy {
+            reason: "XID 79".into(),
+        };
+        let metrics = GpuMetrics {
+            last_xid: Some(79),
+            ..GpuMetrics::default()
+        };
+        worker
+            .send(GpuCommand::Report {
+                health: health.clone(),
+                metrics: metrics.clone(),
+            })
+            .await
+            .expect("running");
+        let state = worker.send(GetGpuState).await.expect("running");
+        assert_eq!(state.host.as_deref(), Some("node-1"));
+        assert_eq!(state.reported, Some((health, metrics)));
     }
 }

@@ -1,7 +1,8 @@
 //! `LeaseManager`: the service's timekeeper. It holds every timer (lease ends, revocation
-//! deadlines, round deadlines), reads the injected clock on a fixed tick, and tells the arbiter
-//! what fell due. It runs on its own thread, so a busy arbiter mailbox cannot delay its timers;
-//! with a manual clock, tests move time and the next tick fires what is due.
+//! deadlines, round deadlines, GPU hosts' heartbeat deadlines), reads the injected clock on a
+//! fixed tick, and tells the arbiter what fell due. It runs on its own thread, so a busy
+//! arbiter mailbox cannot delay its timers; with a manual clock, tests move time and the next
+//! tick fires what is due.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -17,8 +18,10 @@ use crate::clock::Clock;
 pub enum Timer {
     /// A lease may have reached its end: expire what is due.
     LeaseEnd,
-    /// A drained GPU's notice period is over: revoke its lease.
+    /// A GPU's notice period is over (drained, or reported unhealthy): revoke its lease.
     Revocation(GpuIndex),
+    /// A GPU host may have been silent for two heartbeat intervals: check every host.
+    HostLiveness,
     /// Round `id` stops taking bids.
     RoundDeadline(i64),
 }

@@ -1,10 +1,12 @@
 //! The actors of the arbiter service, thin over the engine: the [`arbiter::Arbiter`] decides
 //! (through the engine) and commits, [`agent::AppAgent`]s bid, the
-//! [`lease_manager::LeaseManager`] keeps time, [`gpu_worker::GpuWorker`]s mirror GPU hosts.
+//! [`lease_manager::LeaseManager`] keeps time, [`gpu_worker::GpuWorker`]s mirror GPU hosts,
+//! whose registrations and heartbeats [`hosts`] handles.
 
 pub mod agent;
 pub mod arbiter;
 pub mod gpu_worker;
+pub mod hosts;
 pub mod lease_manager;
 pub(crate) mod records;
 pub mod requests;
@@ -48,6 +50,12 @@ pub enum ArbiterError {
     LeaseNotActive(i64),
     #[error("GPU {0:?} is not in the cluster")]
     UnknownGpu(String),
+    #[error("host {0:?} is not registered; register it again (POST /v1/workers)")]
+    UnknownHost(String),
+    #[error("invalid registration: {0}")]
+    InvalidRegistration(String),
+    #[error("invalid heartbeat: {0}")]
+    InvalidHeartbeat(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("internal error: {0}")]

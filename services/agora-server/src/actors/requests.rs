@@ -5,13 +5,16 @@ use actix::prelude::*;
 use agora_market::app::{App, AppId, AppKind};
 use agora_market::auction::{validate_bid, AppBid};
 use agora_market::lease::LeaseId;
+use agora_market::market::Withdrawal;
 use agora_market::progress::JobProgress;
 use agora_market::time::Timestamp;
+use agora_market::topology::GpuIndex;
+use agora_protocol::Enforcement;
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::agent::Bidding;
-use super::arbiter::{Arbiter, Reply, RoundState};
+use super::arbiter::{Arbiter, Notice, Reply, RoundState};
 use super::lease_manager::Timer;
 use super::records;
 use super::ArbiterError;
@@ -44,12 +47,16 @@ pub struct RegisterApp {
     pub name: String,
     pub bidding: Bidding,
     pub kind: AppKind,
+    pub enforcement: Enforcement,
+    /// The caller's span (the HTTP request's), which the arbiter's work joins.
+    pub span: tracing::Span,
 }
 
 impl Handler<RegisterApp> for Arbiter {
     type Result = AtomicResponse<Self, Result<i64, ArbiterError>>;
 
     fn handle(&mut self, request: RegisterApp, _: &mut Self::Context) -> Self::Result {
+        let _span = request.span.clone().entered();
         AtomicResponse::new(self.register(request))
     }
 }
@@ -65,7 +72,10 @@ impl Arbiter {
             id: AppId::from("new"),
             kind: request.kind.clone(),
         };
-        if let Err(reason) = probe.validate() {
+        if let Err(reason) = probe
+            .validate()
+            .and(check_enforcement(&request.enforcement))
+        {
             return refuse(ArbiterError::InvalidApp(reason));
         }
         let now = self.now();
@@ -74,12 +84,15 @@ impl Arbiter {
             async move {
                 let state = serde_json::to_value(&request.kind)
                     .map_err(|error| ArbiterError::Internal(error.to_string()))?;
+                let enforcement = serde_json::to_value(&request.enforcement)
+                    .map_err(|error| ArbiterError::Internal(error.to_string()))?;
                 let new_app = NewApp {
                     tenant: request.tenant,
                     name: &request.name,
                     kind: kind_name(&request.kind),
                     bidding: request.bidding.as_str(),
                     state,
+                    enforcement,
                     jobs: probe.jobs(),
                     arrived_at: now,
                 };
@@ -92,11 +105,17 @@ impl Arbiter {
                         }
                         other => other.into(),
                     })?;
-                Ok((id, request.tenant, request.bidding, request.kind))
+                Ok((
+                    id,
+                    request.tenant,
+                    request.bidding,
+                    request.kind,
+                    request.enforcement,
+                ))
             }
             .into_actor(self)
             .map(move |result: Result<_, ArbiterError>, arbiter, ctx| {
-                let (id, tenant, bidding, kind) = result?;
+                let (id, tenant, bidding, kind, enforcement) = result?;
                 let app = App {
                     id: app_id(id),
                     kind,
@@ -105,11 +124,33 @@ impl Arbiter {
                     .market
                     .add_app(app, now)
                     .map_err(|error| ArbiterError::Internal(error.to_string()))?;
-                arbiter.join(app_id(id), tenant, bidding, ctx);
+                arbiter.join(app_id(id), tenant, bidding, enforcement, ctx);
                 arbiter.open_round_if_idle(ctx);
                 Ok(id)
             }),
         )
+    }
+}
+
+/// A launch needs a program to run and environment variables a shell can set.
+fn check_enforcement(enforcement: &Enforcement) -> Result<(), String> {
+    let Enforcement::Launch { command, env } = enforcement else {
+        return Ok(());
+    };
+    if command
+        .first()
+        .is_none_or(|program| program.trim().is_empty())
+    {
+        return Err("enforcement.command must name the program to launch".to_owned());
+    }
+    match env
+        .keys()
+        .find(|name| name.is_empty() || name.contains(['=', '\0']))
+    {
+        Some(name) => Err(format!(
+            "enforcement.env: {name:?} is not a valid environment variable name"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -140,12 +181,15 @@ pub struct ReportProgress {
     pub tenant: Option<i64>,
     pub app: i64,
     pub jobs: Vec<JobProgress>,
+    /// The caller's span (the HTTP request's), which the arbiter's work joins.
+    pub span: tracing::Span,
 }
 
 impl Handler<ReportProgress> for Arbiter {
     type Result = AtomicResponse<Self, Result<ProgressAck, ArbiterError>>;
 
     fn handle(&mut self, request: ReportProgress, _: &mut Self::Context) -> Self::Result {
+        let _span = request.span.clone().entered();
         AtomicResponse::new(self.report_progress(request))
     }
 }
@@ -225,12 +269,15 @@ impl Arbiter {
 pub struct FinishApp {
     pub tenant: Option<i64>,
     pub app: i64,
+    /// The caller's span (the HTTP request's), which the arbiter's work joins.
+    pub span: tracing::Span,
 }
 
 impl Handler<FinishApp> for Arbiter {
     type Result = AtomicResponse<Self, Result<(), ArbiterError>>;
 
     fn handle(&mut self, request: FinishApp, _: &mut Self::Context) -> Self::Result {
+        let _span = request.span.clone().entered();
         let staged = (|| {
             let id = self.authorize(request.tenant, request.app)?;
             let mut next = self.market.clone();
@@ -263,12 +310,15 @@ pub struct SubmitBid {
     pub round: i64,
     pub bid: AppBid,
     pub idempotency_key: Option<String>,
+    /// The caller's span (the HTTP request's), which the arbiter's work joins.
+    pub span: tracing::Span,
 }
 
 impl Handler<SubmitBid> for Arbiter {
     type Result = AtomicResponse<Self, Result<BidAck, ArbiterError>>;
 
     fn handle(&mut self, request: SubmitBid, _: &mut Self::Context) -> Self::Result {
+        let _span = request.span.clone().entered();
         AtomicResponse::new(self.submit_bid(request))
     }
 }
@@ -333,6 +383,7 @@ impl Arbiter {
                         return Err(ArbiterError::AlreadyBid { app, round })
                     }
                 };
+                crate::metrics::metrics().bid_received("framework");
                 if let RoundState::Open(pending) = &mut arbiter.round {
                     pending.framework_bids.insert(bid.app.clone(), bid);
                 }
@@ -389,12 +440,15 @@ impl Arbiter {
 pub struct ReleaseLease {
     pub tenant: Option<i64>,
     pub lease: i64,
+    /// The caller's span (the HTTP request's), which the arbiter's work joins.
+    pub span: tracing::Span,
 }
 
 impl Handler<ReleaseLease> for Arbiter {
     type Result = AtomicResponse<Self, Result<(), ArbiterError>>;
 
     fn handle(&mut self, request: ReleaseLease, _: &mut Self::Context) -> Self::Result {
+        let _span = request.span.clone().entered();
         let staged = (|| {
             let id = LeaseId(request.lease as u64);
             let lease = self
@@ -433,12 +487,15 @@ pub struct DrainAck {
 pub struct SetGpuService {
     pub gpu: String,
     pub healthy: bool,
+    /// The caller's span (the HTTP request's), which the arbiter's work joins.
+    pub span: tracing::Span,
 }
 
 impl Handler<SetGpuService> for Arbiter {
     type Result = AtomicResponse<Self, Result<DrainAck, ArbiterError>>;
 
     fn handle(&mut self, request: SetGpuService, _: &mut Self::Context) -> Self::Result {
+        let _span = request.span.clone().entered();
         let Some(index) = self
             .market
             .cluster()
@@ -448,7 +505,13 @@ impl Handler<SetGpuService> for Arbiter {
         };
         let now = self.now();
         if request.healthy {
-            self.draining.remove(&index);
+            if self
+                .draining
+                .get(&index)
+                .is_some_and(|notice| notice.withdrawal == Withdrawal::Drained)
+            {
+                self.draining.remove(&index);
+            }
             let mut next = self.market.clone();
             next.set_gpu_health(index, true, now);
             let commit = Commit {
@@ -464,39 +527,69 @@ impl Handler<SetGpuService> for Arbiter {
                 }
             }));
         }
-        let holder = self.market.leases().holder_of(index).cloned();
-        let revoke_at = now.saturating_add(match holder {
-            Some(_) => self.settings.revocation_grace,
-            None => std::time::Duration::ZERO,
-        });
         let mut commit = Commit::default();
-        if let Some(lease) = &holder {
-            let reason = format!("GPU {} is being drained by an operator", request.gpu);
-            commit.notices.push((lease.id.0 as i64, reason.clone()));
-            match app_key(&lease.app) {
-                Ok(app) => commit.events.push(crate::store::AppEvent {
-                    app,
-                    kind: "revocation_notice",
-                    payload: serde_json::json!({
-                        "lease": lease.id.0,
-                        "gpu": request.gpu,
-                        "revoke_at": to_datetime(revoke_at),
-                        "reason": reason,
-                    }),
-                }),
-                Err(error) => return AtomicResponse::new(refuse(error.into())),
-            }
-        }
-        let lease = holder.map(|lease| lease.id.0 as i64);
+        let reason = format!("GPU {} is being drained by an operator", request.gpu);
+        let (notice, lease) =
+            match self.stage_notice(index, Withdrawal::Drained, reason, &mut commit) {
+                Ok(staged) => staged,
+                Err(error) => return AtomicResponse::new(refuse(error)),
+            };
+        let revoke_at = to_datetime(notice.at);
         AtomicResponse::new(self.commit(commit, move |arbiter, _| {
-            arbiter.draining.insert(index);
-            arbiter.schedule(revoke_at, Timer::Revocation(index));
+            arbiter.remember_notice(index, notice);
             DrainAck {
                 gpu: request.gpu,
                 lease,
-                revoke_at: to_datetime(revoke_at),
+                revoke_at,
             }
         }))
+    }
+}
+
+impl Arbiter {
+    /// Stages a revocation notice for the lease holding `gpu`, if any: it ends after the grace
+    /// period (at once when the GPU is free). Returns the notice to remember once committed,
+    /// and the lease.
+    pub(super) fn stage_notice(
+        &self,
+        gpu: GpuIndex,
+        withdrawal: Withdrawal,
+        reason: String,
+        commit: &mut Commit,
+    ) -> Result<(Notice, Option<i64>), ArbiterError> {
+        let holder = self.market.leases().holder_of(gpu);
+        let at = self.now().saturating_add(match holder {
+            Some(_) => self.settings.revocation_grace,
+            None => std::time::Duration::ZERO,
+        });
+        if let Some(lease) = holder {
+            commit.notices.push((lease.id.0 as i64, reason.clone()));
+            commit.events.push(crate::store::AppEvent {
+                app: app_key(&lease.app)?,
+                kind: "revocation_notice",
+                payload: serde_json::json!({
+                    "lease": lease.id.0,
+                    "gpu": self.market.cluster().gpu(gpu).id,
+                    "revoke_at": to_datetime(at),
+                    "reason": reason,
+                }),
+            });
+        }
+        let lease = holder.map(|lease| lease.id.0 as i64);
+        Ok((
+            Notice {
+                at,
+                withdrawal,
+                reason,
+            },
+            lease,
+        ))
+    }
+
+    /// A committed notice: the revocation fires when it is due.
+    pub(super) fn remember_notice(&mut self, gpu: GpuIndex, notice: Notice) {
+        self.schedule(notice.at, Timer::Revocation(gpu));
+        self.draining.insert(gpu, notice);
     }
 }
 

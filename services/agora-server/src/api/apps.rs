@@ -3,6 +3,7 @@
 use actix_web::{get, post, web, HttpResponse};
 use agora_market::app::AppKind;
 use agora_market::progress::JobProgress;
+use agora_protocol::Enforcement;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -20,7 +21,9 @@ use crate::store::{AppRow, LeaseView};
     "name": "resnet-sweep",
     "bidding": "agent",
     "app": {"kind": "single_job", "job": {"id": "trial-0", "total_iterations": 1000,
-            "serial_iteration_time": 0.5, "max_gpus": 2}}
+            "serial_iteration_time": 0.5, "max_gpus": 2}},
+    "enforcement": {"mode": "launch", "command": ["python", "train.py", "--sweep", "resnet"],
+                    "env": {"WANDB_MODE": "offline"}}
 }))]
 pub struct RegisterBody {
     /// Unique within the tenant.
@@ -33,6 +36,17 @@ pub struct RegisterBody {
     /// (the engine's app format, `docs/simulator-inputs.md`).
     #[schema(value_type = Object)]
     pub app: AppKind,
+    /// How GPU hosts enforce the app's leases: `{"mode": "watch"}` (default: the app runs its
+    /// jobs; the worker reports foreign processes on leased GPUs) or `{"mode": "launch",
+    /// "command": [...], "env": {...}}` (the worker starts the command for each lease with
+    /// `CUDA_VISIBLE_DEVICES` set, SIGTERM at the end minus the grace period, SIGKILL at the
+    /// end). Ignored by a simulated fleet.
+    #[serde(default = "default_enforcement")]
+    pub enforcement: Enforcement,
+}
+
+fn default_enforcement() -> Enforcement {
+    Enforcement::Watch
 }
 
 fn default_bidding() -> String {
@@ -60,6 +74,8 @@ pub async fn register_app(
             name: body.name,
             bidding,
             kind: body.app,
+            enforcement: body.enforcement,
+            span: tracing::Span::current(),
         })
         .await??;
     let row = authorized_app(&state, caller, id).await?;
@@ -116,6 +132,7 @@ pub async fn report_progress(
             tenant: caller.tenant(),
             app: *app,
             jobs: body.into_inner().jobs,
+            span: tracing::Span::current(),
         })
         .await??;
     Ok(HttpResponse::Ok().json(ack))
@@ -136,6 +153,7 @@ pub async fn finish_app(
         .send(FinishApp {
             tenant: caller.tenant(),
             app: *app,
+            span: tracing::Span::current(),
         })
         .await??;
     Ok(HttpResponse::NoContent().finish())

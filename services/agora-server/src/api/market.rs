@@ -159,6 +159,7 @@ pub async fn submit_bid(
             round: *round,
             bid: body.into_bid()?,
             idempotency_key,
+            span: tracing::Span::current(),
         })
         .await??;
     Ok(if ack.replayed {
@@ -222,6 +223,7 @@ pub async fn release_lease(
         .send(ReleaseLease {
             tenant: caller.tenant(),
             lease: *lease,
+            span: tracing::Span::current(),
         })
         .await??;
     Ok(HttpResponse::NoContent().finish())
@@ -274,6 +276,11 @@ async fn set_service(
     if caller != Caller::Admin {
         return Err(ApiError::admin_only());
     }
-    let ack = state.arbiter.send(SetGpuService { gpu, healthy }).await??;
+    let service = SetGpuService {
+        gpu,
+        healthy,
+        span: tracing::Span::current(),
+    };
+    let ack = state.arbiter.send(service).await??;
     Ok(HttpResponse::Ok().json(ack))
 }

@@ -2,9 +2,12 @@
 //! else. `/openapi.json` is generated from these handlers; `docs/api.md` walks through it.
 
 mod apps;
+mod dashboard;
 mod events;
 mod market;
+mod metrics;
 pub mod problem;
+mod workers;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,6 +31,8 @@ pub struct ApiState {
     pub store: Store,
     pub arbiter: Addr<Arbiter>,
     pub admin_token_sha256: Option<[u8; 32]>,
+    /// The worker token GPU hosts present; `None` with a simulated fleet (no hosts).
+    pub worker_token_sha256: Option<[u8; 32]>,
     /// App ids that have new events (see `app_events`).
     pub events: broadcast::Sender<i64>,
 }
@@ -62,18 +67,23 @@ pub fn token_sha256(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
+/// The SHA-256 of the request's `Authorization: Bearer` token, if it sent one.
+fn bearer_sha256(request: &HttpRequest) -> Option<[u8; 32]> {
+    request
+        .headers()
+        .get("authorization")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(|token| token_sha256(token.trim()))
+}
+
 impl FromRequest for Caller {
     type Error = ApiError;
     type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
 
     fn from_request(request: &HttpRequest, _: &mut Payload) -> Self::Future {
         let state = request.app_data::<web::Data<ApiState>>().cloned();
-        let token = request
-            .headers()
-            .get("authorization")
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .map(|token| token_sha256(token.trim()));
+        let token = bearer_sha256(request);
         Box::pin(async move {
             let (Some(state), Some(hash)) = (state, token) else {
                 return Err(ApiError::unauthorized());
@@ -121,6 +131,8 @@ pub fn configure(config: &mut web::ServiceConfig) {
             web::get().to(|| async { HttpResponse::Ok().body("ok") }),
         )
         .route("/openapi.json", web::get().to(openapi))
+        .route("/metrics", web::get().to(metrics::prometheus))
+        .configure(dashboard::routes)
         .service(market::create_tenant)
         .service(apps::register_app)
         .service(apps::list_apps)
@@ -138,6 +150,8 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .service(market::cluster)
         .service(market::drain_gpu)
         .service(market::restore_gpu)
+        .service(workers::register)
+        .service(workers::heartbeat)
         .default_service(web::to(|| async {
             Err::<HttpResponse, _>(ApiError::not_found("no such endpoint; see /openapi.json"))
         }));
@@ -185,6 +199,14 @@ fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
         market::cluster,
         market::drain_gpu,
         market::restore_gpu,
+        workers::register,
+        workers::heartbeat,
+        dashboard::me,
+        dashboard::rho_history,
+        dashboard::app_rounds,
+        dashboard::fairness,
+        dashboard::lease_timeline,
+        dashboard::round_events,
     ),
     modifiers(&BearerAuth),
     security(("bearer" = []))

@@ -125,6 +125,9 @@ impl From<ArbiterError> for ApiError {
             E::AlreadyBid { .. } => (StatusCode::CONFLICT, "already_bid"),
             E::LeaseNotActive(_) => (StatusCode::CONFLICT, "lease_not_active"),
             E::UnknownGpu(_) => (StatusCode::NOT_FOUND, "unknown_gpu"),
+            E::UnknownHost(_) => (StatusCode::NOT_FOUND, "unknown_host"),
+            E::InvalidRegistration(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_registration"),
+            E::InvalidHeartbeat(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_heartbeat"),
             E::Store(_) | E::Internal(_) => {
                 tracing::error!(%error, "arbiter failure");
                 (StatusCode::SERVICE_UNAVAILABLE, "arbiter_failure")

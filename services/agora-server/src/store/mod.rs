@@ -6,10 +6,14 @@
 //! at all. The exclusion constraint on `lease_gpus` is the last line of defence against a GPU
 //! leased twice.
 
+mod dashboard;
 mod reads;
+mod workers;
 mod writes;
 
+pub use dashboard::*;
 pub use reads::*;
+pub use workers::*;
 pub use writes::*;
 
 use agora_market::app::AppId;
@@ -62,8 +66,16 @@ pub struct Store {
 }
 
 impl Store {
-    /// Connects and brings the schema up to date (`migrations/`).
+    /// Connects and brings the schema up to date (`migrations/`): what the service does.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let store = Self::connect_without_migrating(url).await?;
+        sqlx::migrate!("../../migrations").run(&store.pool).await?;
+        Ok(store)
+    }
+
+    /// Connects to a database the service has set up, changing nothing: for readers such as
+    /// `agora audit replay`, which an auditor runs with `SELECT` rights only.
+    pub async fn connect_without_migrating(url: &str) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .connect(url)
@@ -72,7 +84,6 @@ impl Store {
                 url: redact_password(url),
                 source,
             })?;
-        sqlx::migrate!("../../migrations").run(&pool).await?;
         Ok(Self { pool })
     }
 

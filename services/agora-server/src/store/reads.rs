@@ -127,6 +127,7 @@ pub struct GpuView {
     pub slot: i32,
     pub gpu_type: String,
     pub cuda_uuid: String,
+    /// In service: not drained and, on a GPU host, reported healthy by a host that is up.
     pub healthy: bool,
     /// The active lease holding it and its app (`None` for another tenant's app).
     pub lease_id: Option<i64>,
@@ -151,6 +152,7 @@ pub struct ActiveApp {
     pub state: Value,
     pub arrived_at: DateTime<Utc>,
     pub ended_gpu_seconds: f64,
+    pub enforcement: Value,
 }
 
 #[derive(Debug, Clone)]
@@ -525,10 +527,14 @@ impl Store {
     pub async fn cluster(&self, viewer: Option<i64>) -> Result<Vec<GpuView>, StoreError> {
         let rows = sqlx::query!(
             r#"SELECT g.id, g.machine_id, m.rack, m.host, g.slot, g.gpu_type, g.cuda_uuid,
-                      g.healthy, l.id AS "lease_id?", l.app_id AS "app_id?",
+                      g.healthy AND coalesce(w.healthy AND w.reported, true)
+                          AND coalesce(h.status = 'up', true) AS "healthy!",
+                      l.id AS "lease_id?", l.app_id AS "app_id?",
                       a.tenant_id AS "tenant_id?"
                FROM gpus g
                JOIN machines m ON m.id = g.machine_id
+               LEFT JOIN worker_gpus w ON w.gpu_id = g.id
+               LEFT JOIN hosts h ON h.machine_id = g.machine_id
                LEFT JOIN leases l ON l.state = 'active' AND g.id = ANY (l.gpus)
                LEFT JOIN apps a ON a.id = l.app_id
                ORDER BY m.id, g.slot, g.id"#
@@ -558,7 +564,7 @@ impl Store {
     pub async fn active_apps(&self) -> Result<Vec<ActiveApp>, StoreError> {
         Ok(sqlx::query_as!(
             ActiveApp,
-            r#"SELECT a.id, a.tenant_id, a.bidding, a.state, a.arrived_at,
+            r#"SELECT a.id, a.tenant_id, a.bidding, a.state, a.arrived_at, a.enforcement,
                       coalesce((SELECT sum(extract(epoch FROM l.ended_at - l.start_at)
                                            * cardinality(l.gpus))
                                 FROM leases l WHERE l.app_id = a.id AND l.state <> 'active'),

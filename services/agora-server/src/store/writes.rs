@@ -121,6 +121,8 @@ pub struct Commit {
     pub finished_apps: Vec<i64>,
     pub gpu_health: Vec<(String, bool)>,
     pub events: Vec<AppEvent>,
+    /// GPU hosts registering, heartbeating, going down and returning.
+    pub workers: super::WorkerChanges,
 }
 
 /// A framework's bid, stored when it is acknowledged.
@@ -163,14 +165,15 @@ impl Store {
     pub async fn insert_app(&self, app: &NewApp<'_>) -> Result<i64, StoreError> {
         let mut tx = self.pool.begin().await?;
         let id = sqlx::query_scalar!(
-            "INSERT INTO apps (tenant_id, name, kind, bidding, state, arrived_at)
-             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+            "INSERT INTO apps (tenant_id, name, kind, bidding, state, arrived_at, enforcement)
+             VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
             app.tenant,
             app.name,
             app.kind,
             app.bidding,
             app.state,
-            to_datetime(app.arrived_at)
+            to_datetime(app.arrived_at),
+            app.enforcement
         )
         .fetch_one(&mut *tx)
         .await?;
@@ -284,6 +287,8 @@ pub struct NewApp<'a> {
     pub kind: &'a str,
     pub bidding: &'a str,
     pub state: Value,
+    /// How hosts enforce its leases (`agora_protocol::Enforcement` as JSON).
+    pub enforcement: Value,
     pub jobs: Vec<&'a agora_market::app::Job>,
     pub arrived_at: Timestamp,
 }
@@ -311,6 +316,7 @@ async fn write_commit(
     commit: &Commit,
     now: Timestamp,
 ) -> Result<(), sqlx::Error> {
+    super::workers::write_worker_changes(tx, &commit.workers, now).await?;
     if let Some(round) = &commit.opened_round {
         write_opened_round(tx, round).await?;
     }

@@ -1,4 +1,6 @@
 //! A real Postgres database per test and the whole service on port 0 with a manual clock.
+//! Each test binary uses a part of it.
+#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -6,12 +8,13 @@ use std::time::Duration;
 
 use agora_market::time::Timestamp;
 use agora_server::clock::ManualClock;
-use agora_server::config::ServerConfig;
+use agora_server::config::{GpuSource, ServerConfig};
 use agora_server::server::{start, Running};
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 
 pub const ADMIN: &str = "test-admin-token";
+pub const WORKER_TOKEN: &str = "test-worker-token";
 
 /// The Postgres server tests create their databases on.
 fn postgres_url() -> String {
@@ -62,6 +65,16 @@ pub fn config(database_url: &str) -> ServerConfig {
         round_deadline_ms: 10_000,
         tick_ms: 10,
         ..ServerConfig::default()
+    }
+}
+
+/// GPUs from hosts that register over HTTP (no fleet file), heartbeating every second.
+pub fn workers_config(database_url: &str) -> ServerConfig {
+    ServerConfig {
+        gpus: GpuSource::Workers,
+        worker_token: Some(WORKER_TOKEN.to_owned()),
+        heartbeat_interval_ms: 1_000,
+        ..config(database_url)
     }
 }
 

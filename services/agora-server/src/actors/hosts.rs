@@ -1,0 +1,460 @@
+//! GPU hosts running `agora worker`: registrations, heartbeats and liveness as arbiter
+//! decisions. Each goes through the engine (`Market::register_host`, `host_down`, `host_up`,
+//! withdrawals), is committed to Postgres, and only then applied and told, like every other
+//! decision. A GPU reported unhealthy leaves service at once and its lease gets the same notice
+//! and grace as a drain; a host silent for two heartbeat intervals loses its leases at once (its
+//! worker can no longer enforce them); a host that returns puts its healthy GPUs back.
+
+use std::collections::BTreeSet;
+
+use actix::prelude::*;
+use agora_market::hosts::{Host, HostGpu, HostSpec};
+use agora_market::market::{HostJoined, Market, Withdrawal};
+use agora_market::time::Timestamp;
+use agora_market::topology::{GpuId, GpuIndex};
+use agora_protocol::{
+    Enforcement, GpuHealth, Heartbeat, HeartbeatReply, HostLease, HostRegistration, Registered,
+};
+
+use super::arbiter::{Arbiter, Notice, Reply};
+use super::gpu_worker::{GpuCommand, GpuWorker};
+use super::lease_manager::Timer;
+use super::records;
+use super::ArbiterError;
+use crate::clock::to_datetime;
+use crate::metrics::metrics;
+use crate::store::{
+    app_key, simulated_cuda_uuid, Commit, GpuHealthChange, HeartbeatRecord, HostRecord,
+    HostStatusChange, WorkerGpuRecord,
+};
+
+/// A host registers, or registers again after a restart or an outage.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Registered, ArbiterError>")]
+pub struct RegisterHost {
+    pub registration: HostRegistration,
+}
+
+/// A host's periodic report; the answer lists the leases it must enforce.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<HeartbeatReply, ArbiterError>")]
+pub struct HostHeartbeat {
+    pub host: String,
+    pub heartbeat: Heartbeat,
+}
+
+fn refuse<T: 'static>(error: ArbiterError) -> Reply<T> {
+    Box::pin(actix::fut::ready(Err(error)))
+}
+
+fn internal(error: impl std::fmt::Display) -> ArbiterError {
+    ArbiterError::Internal(error.to_string())
+}
+
+impl Handler<RegisterHost> for Arbiter {
+    type Result = AtomicResponse<Self, Result<Registered, ArbiterError>>;
+
+    fn handle(&mut self, request: RegisterHost, _: &mut Self::Context) -> Self::Result {
+        AtomicResponse::new(self.register_host(request.registration))
+    }
+}
+
+impl Handler<HostHeartbeat> for Arbiter {
+    type Result = AtomicResponse<Self, Result<HeartbeatReply, ArbiterError>>;
+
+    fn handle(&mut self, request: HostHeartbeat, _: &mut Self::Context) -> Self::Result {
+        AtomicResponse::new(self.heartbeat(request))
+    }
+}
+
+/// What a heartbeat changes, staged on a copy of the market.
+struct StagedHeartbeat {
+    next: Market,
+    commit: Commit,
+    notices: Vec<(GpuIndex, Notice)>,
+    recovered: Vec<GpuIndex>,
+    reports: Vec<(GpuIndex, GpuCommand)>,
+}
+
+impl Arbiter {
+    fn register_host(&mut self, registration: HostRegistration) -> Reply<Registered> {
+        let now = self.now();
+        let spec = HostSpec {
+            name: registration.host.clone(),
+            rack: registration.rack.clone(),
+            gpus: registration
+                .gpus
+                .iter()
+                .map(|gpu| HostGpu {
+                    id: GpuId(gpu.uuid.clone()),
+                    gpu_type: gpu.name.clone(),
+                    slot: gpu.slot,
+                })
+                .collect(),
+        };
+        let mut next = self.market.clone();
+        let joined = match next.register_host(&spec, now) {
+            Ok(joined) => joined,
+            Err(error) => return refuse(ArbiterError::InvalidRegistration(error.to_string())),
+        };
+        let reason = format!(
+            "host {} registered again without the lease's GPU",
+            spec.name
+        );
+        let mut commit = match records::ended_leases(&next, &joined.revoked, Some(&reason)) {
+            Ok(commit) => commit,
+            Err(error) => return refuse(error),
+        };
+        commit.workers.registration = Some(host_record(&next, &joined, registration));
+        commit.workers.returns_capacity = true;
+        let interval = self.settings.heartbeat_interval;
+        let revocations = joined.revoked.len();
+        self.commit(commit, move |arbiter, _| {
+            arbiter.market = next;
+            metrics().leases_revoked(revocations);
+            for &gpu in &joined.added {
+                debug_assert_eq!(gpu.get(), arbiter.gpus.len(), "GPUs are appended");
+                let mirror = arbiter.gpu_worker(gpu).start();
+                arbiter.gpus.push(mirror);
+            }
+            arbiter.saw_host(&spec.name, now);
+            arbiter.mirror_service(&spec.name);
+            tracing::info!(host = %spec.name, gpus = spec.gpus.len(), "GPU host registered");
+            Registered {
+                host: spec.name,
+                heartbeat_interval_ms: interval.as_millis() as u64,
+            }
+        })
+    }
+
+    fn heartbeat(&mut self, request: HostHeartbeat) -> Reply<HeartbeatReply> {
+        let staged = match self.stage_heartbeat(&request) {
+            Ok(staged) => staged,
+            Err(error) => return refuse(error),
+        };
+        let StagedHeartbeat {
+            next,
+            commit,
+            notices,
+            recovered,
+            reports,
+        } = staged;
+        let (host, now) = (request.host, self.now());
+        self.commit(commit, move |arbiter, _| {
+            arbiter.market = next;
+            for (gpu, notice) in notices {
+                arbiter.remember_notice(gpu, notice);
+            }
+            for gpu in recovered {
+                let unhealthy = |notice: &Notice| notice.withdrawal == Withdrawal::Unhealthy;
+                if arbiter.draining.get(&gpu).is_some_and(unhealthy) {
+                    arbiter.draining.remove(&gpu);
+                }
+            }
+            for (gpu, report) in reports {
+                arbiter.gpus[gpu.get()].do_send(report);
+            }
+            arbiter.saw_host(&host, now);
+            arbiter.mirror_service(&host);
+            arbiter.host_leases(&host)
+        })
+    }
+
+    /// Checks the heartbeat against the host's registration and stages what it changes: the
+    /// host back up, GPUs leaving or returning to service, notices for leases on GPUs that
+    /// turned unhealthy, and the report itself.
+    fn stage_heartbeat(&self, request: &HostHeartbeat) -> Result<StagedHeartbeat, ArbiterError> {
+        let host = self
+            .market
+            .hosts()
+            .get(&request.host)
+            .ok_or_else(|| ArbiterError::UnknownHost(request.host.clone()))?;
+        let on_host: BTreeSet<GpuIndex> = self.market.host_gpus(&host.name).into_iter().collect();
+        let machine = host.machine as i32;
+        let mut staged = StagedHeartbeat {
+            next: self.market.clone(),
+            commit: Commit::default(),
+            notices: Vec::new(),
+            recovered: Vec::new(),
+            reports: Vec::new(),
+        };
+        if !host.up {
+            staged.next.host_up(&host.name).map_err(internal)?;
+            staged.commit.workers.host_status.push(HostStatusChange {
+                machine,
+                up: true,
+                reason: format!("host {} heartbeats again", host.name),
+            });
+            staged.commit.workers.returns_capacity = true;
+        }
+        let mut metrics = Vec::new();
+        for report in &request.heartbeat.gpus {
+            let index = self
+                .market
+                .cluster()
+                .index_of(&GpuId(report.uuid.clone()))
+                .filter(|index| on_host.contains(index))
+                .ok_or_else(|| {
+                    ArbiterError::InvalidHeartbeat(format!(
+                        "GPU {} is not one of host {}'s registered GPUs; register the host again to change its GPUs",
+                        report.uuid, host.name
+                    ))
+                })?;
+            metrics.push((report.uuid.clone(), report.metrics.clone()));
+            self.stage_health(host, index, &report.health, &mut staged)?;
+            staged.reports.push((
+                index,
+                GpuCommand::Report {
+                    health: report.health.clone(),
+                    metrics: report.metrics.clone(),
+                },
+            ));
+        }
+        staged.commit.workers.heartbeat = Some(HeartbeatRecord {
+            machine,
+            metrics,
+            exits: request.heartbeat.exits.clone(),
+            violations: request.heartbeat.violations.clone(),
+        });
+        Ok(staged)
+    }
+
+    /// A GPU's reported health, if it changed: it leaves service (its lease, if any, is given
+    /// notice, like a drain) or returns to it.
+    fn stage_health(
+        &self,
+        host: &Host,
+        gpu: GpuIndex,
+        health: &GpuHealth,
+        staged: &mut StagedHeartbeat,
+    ) -> Result<(), ArbiterError> {
+        let why = match health {
+            GpuHealth::Healthy => None,
+            GpuHealth::Unhealthy { reason } => Some(reason),
+        };
+        if why.is_some() == self.market.is_withdrawn_for(gpu, Withdrawal::Unhealthy) {
+            return Ok(());
+        }
+        let uuid = &self.market.cluster().gpu(gpu).id;
+        staged
+            .next
+            .set_withdrawn(gpu, Withdrawal::Unhealthy, why.is_some());
+        staged.commit.workers.gpu_health.push(GpuHealthChange {
+            gpu: uuid.0.clone(),
+            healthy: why.is_none(),
+            reason: why.cloned(),
+        });
+        match why {
+            None => {
+                staged.recovered.push(gpu);
+                staged.commit.workers.returns_capacity = true;
+            }
+            Some(why) if self.market.leases().is_leased(gpu) => {
+                let reason = format!("GPU {uuid} on host {} reported unhealthy: {why}", host.name);
+                let (notice, _) =
+                    self.stage_notice(gpu, Withdrawal::Unhealthy, reason, &mut staged.commit)?;
+                staged.notices.push((gpu, notice));
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// A liveness deadline passed: every host silent for two heartbeat intervals goes down, and
+    /// the leases on its GPUs are revoked with the reason. Their apps are told, and the freed
+    /// capacity elsewhere is auctioned again.
+    pub(super) fn stop_silent_hosts(&mut self, ctx: &mut Context<Self>) {
+        let now = self.now();
+        let silence = self.settings.heartbeat_interval * 2;
+        let silent: Vec<(String, i32)> = self
+            .market
+            .hosts()
+            .hosts()
+            .filter(|host| host.up)
+            .filter(|host| {
+                self.last_seen
+                    .get(&host.name)
+                    .is_none_or(|&seen| now >= seen.saturating_add(silence))
+            })
+            .map(|host| (host.name.clone(), host.machine as i32))
+            .collect();
+        if silent.is_empty() {
+            return;
+        }
+        let mut next = self.market.clone();
+        let mut commit = Commit::default();
+        for (name, machine) in &silent {
+            let reason = format!("host {name} stopped heartbeating");
+            let ended = next
+                .host_down(name, now)
+                .map_err(internal)
+                .and_then(|revoked| records::ended_leases(&next, &revoked, Some(&reason)));
+            match ended {
+                Ok(ended) => {
+                    commit.ended.extend(ended.ended);
+                    commit.events.extend(ended.events);
+                }
+                Err(error) => {
+                    tracing::error!(%error, host = %name, "cannot stage a host going down");
+                    return;
+                }
+            }
+            commit.workers.host_status.push(HostStatusChange {
+                machine: *machine,
+                up: false,
+                reason,
+            });
+        }
+        let revocations = commit.ended.len();
+        let reply = self.commit(commit, move |arbiter, _| {
+            arbiter.market = next;
+            metrics().leases_revoked(revocations);
+            for (name, _) in &silent {
+                arbiter.mirror_service(name);
+                tracing::warn!(host = %name, "GPU host stopped heartbeating; its leases were revoked");
+            }
+        });
+        self.run_internal(reply, ctx);
+    }
+
+    /// After a restart: hosts that were up get two heartbeat intervals from now to heartbeat,
+    /// and leases on GPUs reported unhealthy before the restart (their notice already given)
+    /// are revoked at once.
+    pub(super) fn watch_restored_hosts(&mut self) {
+        let now = self.now();
+        let up: Vec<String> = self
+            .market
+            .hosts()
+            .hosts()
+            .filter(|host| host.up)
+            .map(|host| host.name.clone())
+            .collect();
+        for name in up {
+            self.saw_host(&name, now);
+        }
+        let unhealthy: Vec<GpuIndex> = self
+            .market
+            .leases()
+            .active()
+            .flat_map(|lease| lease.gpus.iter().copied())
+            .filter(|&gpu| self.market.is_withdrawn_for(gpu, Withdrawal::Unhealthy))
+            .collect();
+        for gpu in unhealthy {
+            let reason = format!(
+                "GPU {} was reported unhealthy before the arbiter restarted",
+                self.market.cluster().gpu(gpu).id
+            );
+            let notice = Notice {
+                at: now,
+                withdrawal: Withdrawal::Unhealthy,
+                reason,
+            };
+            self.remember_notice(gpu, notice);
+        }
+    }
+
+    /// The host gave a sign of life: its liveness deadline moves to two intervals from now.
+    fn saw_host(&mut self, name: &str, now: Timestamp) {
+        self.last_seen.insert(name.to_owned(), now);
+        let deadline = now.saturating_add(self.settings.heartbeat_interval * 2);
+        self.schedule(deadline, Timer::HostLiveness);
+    }
+
+    /// Tells the host's GPU mirrors whether they are in service.
+    fn mirror_service(&self, host: &str) {
+        for gpu in self.market.host_gpus(host) {
+            self.gpus[gpu.get()].do_send(GpuCommand::SetHealth(self.market.is_healthy(gpu)));
+        }
+    }
+
+    /// The mirror of GPU `index`: of a registered host, or of the simulated fleet.
+    pub(super) fn gpu_worker(&self, index: GpuIndex) -> GpuWorker {
+        let id = self.market.cluster().gpu(index).id.0.clone();
+        let healthy = self.market.is_healthy(index);
+        match self.market.host_of(index) {
+            Some(host) => GpuWorker::on_host(id, host.name.clone(), healthy),
+            None => GpuWorker::simulated(id.clone(), simulated_cuda_uuid(&id), healthy),
+        }
+    }
+
+    /// Every active lease on the host's GPUs, as the host enforces it: a lease given notice
+    /// ends when its revocation is due.
+    fn host_leases(&self, host: &str) -> HeartbeatReply {
+        let on_host: BTreeSet<GpuIndex> = self.market.host_gpus(host).into_iter().collect();
+        let cluster = self.market.cluster();
+        let leases = self
+            .market
+            .leases()
+            .active()
+            .filter_map(|lease| {
+                let here: Vec<String> = lease
+                    .gpus
+                    .iter()
+                    .filter(|gpu| on_host.contains(gpu))
+                    .map(|&gpu| cluster.gpu(gpu).id.0.clone())
+                    .collect();
+                if here.is_empty() {
+                    return None;
+                }
+                let end = lease
+                    .gpus
+                    .iter()
+                    .filter_map(|gpu| self.draining.get(gpu))
+                    .map(|notice| notice.at)
+                    .fold(lease.end, Timestamp::min);
+                Some(HostLease {
+                    lease_id: lease.id.0 as i64,
+                    app_id: app_key(&lease.app).ok()?,
+                    gpu_uuids: here,
+                    start_at: to_datetime(lease.start),
+                    end_at: to_datetime(end),
+                    grace_seconds: self.settings.revocation_grace.as_secs(),
+                    enforcement: self
+                        .members
+                        .get(&lease.app)
+                        .map_or(Enforcement::Watch, |member| member.enforcement.clone()),
+                })
+            })
+            .collect();
+        HeartbeatReply {
+            heartbeat_interval_ms: self.settings.heartbeat_interval.as_millis() as u64,
+            leases,
+        }
+    }
+}
+
+/// The registration as stored, with the cluster numbers the engine gave the host's GPUs.
+fn host_record(next: &Market, joined: &HostJoined, registration: HostRegistration) -> HostRecord {
+    let cluster = next.cluster();
+    let location = |uuid: &str| {
+        cluster
+            .index_of(&GpuId(uuid.to_owned()))
+            .map(|index| cluster.location(index))
+    };
+    let rack = registration
+        .gpus
+        .first()
+        .and_then(|gpu| location(&gpu.uuid))
+        .map_or(0, |location| location.rack as i32);
+    HostRecord {
+        machine: joined.host.machine as i32,
+        rack,
+        name: registration.host,
+        rack_name: registration.rack,
+        worker_version: registration.worker_version,
+        links: registration.links,
+        gpus: registration
+            .gpus
+            .into_iter()
+            .map(|gpu| WorkerGpuRecord {
+                slot: location(&gpu.uuid).map_or(0, |location| location.slot as i32),
+                uuid: gpu.uuid,
+                name: gpu.name,
+                memory_total_bytes: gpu.memory_total_bytes,
+                pci_bus_id: gpu.pci_bus_id,
+                nvml_index: gpu.index,
+                host_slot: gpu.slot,
+            })
+            .collect(),
+    }
+}

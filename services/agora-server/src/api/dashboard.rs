@@ -1,0 +1,414 @@
+//! The web dashboard: its read-only endpoints (who am I, an app's rho history and rounds, the
+//! fairness summary, the lease timeline, the live rounds stream) and its page, embedded in the
+//! binary from `web/` so `agora serve` needs no extra step. `docs/dashboard.md` describes it.
+
+use std::time::Duration;
+
+use actix_web::http::header;
+use actix_web::web::Bytes;
+use actix_web::{get, web, HttpRequest, HttpResponse};
+use agora_sim::metrics::jains_index;
+use chrono::{DateTime, Utc};
+use futures_util::stream as streams;
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast::{self, error::RecvError};
+use utoipa::{IntoParams, ToSchema};
+
+use super::problem::{ApiError, Problem};
+use super::{authorized_app, ApiState, Caller};
+use crate::store::{
+    AppRound, FairnessApp, FairnessInputs, GpuCounts, RhoPoint, RoundSummary, Store, TimelineLease,
+    VisibleApp,
+};
+
+/// Rounds per SSE chunk.
+const PAGE: i64 = 100;
+/// A comment line this often keeps proxies from closing an idle stream.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+/// How often the stream looks at the rounds table when no app event woke it: a round that
+/// gave nobody anything notifies no app.
+const RECHECK: Duration = Duration::from_secs(1);
+/// The longest lease timeline one request may ask for.
+const MAX_WINDOW: chrono::TimeDelta = chrono::TimeDelta::days(7);
+
+/// The dashboard's routes. Registered before `/v1/rounds/{round}`, which would otherwise take
+/// `/v1/rounds/events` for a round id.
+pub fn routes(config: &mut web::ServiceConfig) {
+    config
+        .service(dashboard_page)
+        .service(dashboard_file)
+        .service(me)
+        .service(rho_history)
+        .service(app_rounds)
+        .service(fairness)
+        .service(lease_timeline)
+        .service(round_events);
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Me {
+    /// `admin` or `tenant`.
+    pub role: String,
+    /// The tenant's id and name; `None` for the admin.
+    pub tenant_id: Option<i64>,
+    pub tenant: Option<String>,
+    /// The apps the caller may see: the tenant's own, or every app for the admin.
+    pub apps: Vec<VisibleApp>,
+}
+
+/// Who the token belongs to, and the apps it may see (finished ones included).
+#[utoipa::path(get, path = "/v1/me", responses((status = 200, body = Me),
+    (status = 401, body = Problem)))]
+#[get("/v1/me")]
+pub async fn me(state: web::Data<ApiState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    let tenant = match caller.tenant() {
+        Some(tenant) => state.store.tenant_name(tenant).await?,
+        None => None,
+    };
+    Ok(HttpResponse::Ok().json(Me {
+        role: if caller == Caller::Admin {
+            "admin"
+        } else {
+            "tenant"
+        }
+        .to_owned(),
+        tenant_id: caller.tenant(),
+        tenant,
+        apps: state.store.visible_apps(caller.tenant()).await?,
+    }))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryQuery {
+    /// The last this many rounds (default 500, at most 5000).
+    pub limit: Option<i64>,
+}
+
+/// The app's rho at the start of every round it was active in, oldest first (`null`: it held
+/// no GPU, so its finish time was unbounded).
+#[utoipa::path(get, path = "/v1/apps/{app}/rho-history", params(("app" = i64, Path), HistoryQuery),
+    responses((status = 200, body = Vec<RhoPoint>), (status = 403, body = Problem),
+              (status = 404, body = Problem)))]
+#[get("/v1/apps/{app}/rho-history")]
+pub async fn rho_history(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    app: web::Path<i64>,
+    query: web::Query<HistoryQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let app = authorized_app(&state, caller, *app).await?.id;
+    let limit = query.limit.unwrap_or(500).clamp(1, 5000);
+    Ok(HttpResponse::Ok().json(state.store.rho_history(app, limit).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct AppRoundsQuery {
+    /// Only rounds with a smaller id (the next page).
+    pub before: Option<i64>,
+    /// At most this many (default 50, at most 500).
+    pub limit: Option<i64>,
+}
+
+/// The rounds the app took part in (as a bidder, or receiving leftovers), newest first: its
+/// bid table, the proportional-fair choice, its hidden payment c_i and the GPUs it got.
+#[utoipa::path(get, path = "/v1/apps/{app}/rounds", params(("app" = i64, Path), AppRoundsQuery),
+    responses((status = 200, body = Vec<AppRound>), (status = 403, body = Problem),
+              (status = 404, body = Problem)))]
+#[get("/v1/apps/{app}/rounds")]
+pub async fn app_rounds(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    app: web::Path<i64>,
+    query: web::Query<AppRoundsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let app = authorized_app(&state, caller, *app).await?.id;
+    let limit = query.limit.unwrap_or(50).clamp(1, 500);
+    Ok(HttpResponse::Ok().json(state.store.app_rounds(app, query.before, limit).await?))
+}
+
+/// How fair the market is now, from the latest round's standings of the apps still active.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FairnessSummary {
+    /// The round the standings come from; `None` before the first round.
+    pub round_id: Option<i64>,
+    pub at: Option<DateTime<Utc>>,
+    /// Worst rho first; other tenants' apps without id or name.
+    pub apps: Vec<FairnessApp>,
+    /// Apps holding no GPU: their rho is unbounded and left out of `max_rho` and `jains_index`.
+    pub starving_apps: usize,
+    /// The largest finite rho; `None` when no app has one.
+    pub max_rho: Option<f64>,
+    /// Jain's index over the finite rhos: 1 when all are equal, 1/n when one app has it all.
+    pub jains_index: Option<f64>,
+    pub gpus: GpuCounts,
+    /// Held GPUs over all GPUs.
+    pub utilisation: f64,
+}
+
+impl FairnessSummary {
+    fn new(inputs: FairnessInputs) -> Self {
+        let rhos: Vec<f64> = inputs.apps.iter().filter_map(|app| app.rho).collect();
+        Self {
+            round_id: inputs.round.map(|(id, _)| id),
+            at: inputs.round.map(|(_, at)| at),
+            starving_apps: inputs.apps.len() - rhos.len(),
+            max_rho: rhos.iter().copied().reduce(f64::max),
+            jains_index: (!rhos.is_empty()).then(|| jains_index(&rhos)),
+            utilisation: if inputs.gpus.total == 0 {
+                0.0
+            } else {
+                inputs.gpus.held as f64 / inputs.gpus.total as f64
+            },
+            gpus: inputs.gpus,
+            apps: inputs.apps,
+        }
+    }
+}
+
+/// The fairness summary: rho of every active app (as of the latest round), max rho, Jain's
+/// index, GPU utilisation.
+#[utoipa::path(get, path = "/v1/fairness", responses((status = 200, body = FairnessSummary)))]
+#[get("/v1/fairness")]
+pub async fn fairness(
+    state: web::Data<ApiState>,
+    caller: Caller,
+) -> Result<HttpResponse, ApiError> {
+    let inputs = state.store.fairness_inputs(caller.tenant()).await?;
+    Ok(HttpResponse::Ok().json(FairnessSummary::new(inputs)))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct TimelineQuery {
+    /// Start of the window (RFC 3339).
+    pub from: DateTime<Utc>,
+    /// End of the window (RFC 3339), after `from` and at most 7 days later.
+    pub to: DateTime<Utc>,
+    /// At most this many leases (default 2000, at most 10000).
+    pub limit: Option<i64>,
+}
+
+/// Every lease held at some time in the window, for a timeline over GPUs. Other tenants'
+/// leases appear without lease or app id.
+#[utoipa::path(get, path = "/v1/leases", params(TimelineQuery),
+    responses((status = 200, body = Vec<TimelineLease>), (status = 400, body = Problem)))]
+#[get("/v1/leases")]
+pub async fn lease_timeline(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    query: web::Query<TimelineQuery>,
+) -> Result<HttpResponse, ApiError> {
+    if query.to <= query.from || query.to - query.from > MAX_WINDOW {
+        return Err(ApiError::bad_request(
+            "bad_window",
+            "`to` must be after `from` and at most 7 days later",
+        ));
+    }
+    let limit = query.limit.unwrap_or(2000).clamp(1, 10_000);
+    let leases = state
+        .store
+        .lease_timeline(query.from, query.to, limit, caller.tenant())
+        .await?;
+    Ok(HttpResponse::Ok().json(leases))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct RoundStreamQuery {
+    /// Resume after this round id (the `Last-Event-ID` header wins when both are sent).
+    pub after: Option<i64>,
+}
+
+/// Server-sent events, one per decided round (closed or abandoned), oldest first: `event:
+/// round`, `id:` the round id, `data:` its summary as in `/v1/rounds`.
+#[utoipa::path(get, path = "/v1/rounds/events", params(RoundStreamQuery,
+    ("Last-Event-ID" = Option<i64>, Header)),
+    responses((status = 200, content_type = "text/event-stream", body = String,
+        example = json!("id: 42\nevent: round\ndata: {\"round_id\":42,\"status\":\"closed\",...}\n\n"))))]
+#[get("/v1/rounds/events")]
+pub async fn round_events(
+    state: web::Data<ApiState>,
+    _caller: Caller,
+    query: web::Query<RoundStreamQuery>,
+    request: HttpRequest,
+) -> HttpResponse {
+    let last_event_id = request
+        .headers()
+        .get("last-event-id")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse().ok());
+    let follower = RoundFollower {
+        store: state.store.clone(),
+        notices: state.events.subscribe(),
+        after: last_event_id.or(query.after).unwrap_or(0),
+    };
+    let chunks = streams::unfold(follower, |mut follower| async move {
+        let chunk = follower.next_chunk().await;
+        Some((Ok::<_, actix_web::Error>(chunk), follower))
+    });
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .streaming(chunks)
+}
+
+/// Follows the rounds table: reads it when an app event (every round result is one) wakes it,
+/// and every [`RECHECK`] in case a round notified nobody.
+struct RoundFollower {
+    store: Store,
+    notices: broadcast::Receiver<i64>,
+    after: i64,
+}
+
+impl RoundFollower {
+    /// The next SSE chunk: decided rounds, or a keep-alive comment after [`KEEPALIVE`].
+    async fn next_chunk(&mut self) -> Bytes {
+        let keepalive = tokio::time::Instant::now() + KEEPALIVE;
+        loop {
+            match self.store.decided_rounds_after(self.after, PAGE).await {
+                Ok(rounds) if !rounds.is_empty() => return self.frames(&rounds),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "rounds stream cannot read the rounds"),
+            }
+            let now = tokio::time::Instant::now();
+            if now >= keepalive {
+                return Bytes::from_static(b": keep-alive\n\n");
+            }
+            let wake = keepalive.min(now + RECHECK);
+            // Lagging behind the notices only means reading the table now.
+            if let Ok(Err(RecvError::Closed)) =
+                tokio::time::timeout_at(wake, self.notices.recv()).await
+            {
+                tokio::time::sleep_until(wake).await;
+            }
+        }
+    }
+
+    fn frames(&mut self, rounds: &[RoundSummary]) -> Bytes {
+        let mut frames = String::new();
+        for round in rounds {
+            let data = serde_json::to_string(round).unwrap_or_default();
+            frames.push_str(&format!(
+                "id: {}\nevent: round\ndata: {data}\n\n",
+                round.round_id
+            ));
+            self.after = round.round_id;
+        }
+        Bytes::from(frames)
+    }
+}
+
+/// One file of `web/`, compiled into the binary.
+struct Asset {
+    path: &'static str,
+    content_type: &'static str,
+    body: &'static [u8],
+}
+
+macro_rules! web_file {
+    ($path:literal, $content_type:literal) => {
+        Asset {
+            path: $path,
+            content_type: $content_type,
+            body: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../web/", $path)),
+        }
+    };
+}
+
+const INDEX: Asset = web_file!("index.html", "text/html; charset=utf-8");
+const ASSETS: &[Asset] = &[
+    web_file!("app.css", "text/css; charset=utf-8"),
+    web_file!("js/main.js", "text/javascript; charset=utf-8"),
+    web_file!("js/api.js", "text/javascript; charset=utf-8"),
+    web_file!("js/ui.js", "text/javascript; charset=utf-8"),
+    web_file!("js/charts.js", "text/javascript; charset=utf-8"),
+    web_file!("js/apps.js", "text/javascript; charset=utf-8"),
+    web_file!("js/cluster.js", "text/javascript; charset=utf-8"),
+    web_file!("js/rounds.js", "text/javascript; charset=utf-8"),
+    web_file!("js/fairness.js", "text/javascript; charset=utf-8"),
+    web_file!("vendor/uPlot.iife.min.js", "text/javascript; charset=utf-8"),
+    web_file!("vendor/uPlot.min.css", "text/css; charset=utf-8"),
+];
+
+/// Scripts and styles only from this server; the page reads the API with `fetch` only.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; img-src 'self' data:; \
+     style-src 'self' 'unsafe-inline'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'";
+
+fn serve(file: &Asset) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type(file.content_type)
+        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .insert_header((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+        .insert_header((header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY))
+        .body(file.body)
+}
+
+/// The dashboard page.
+#[get("/")]
+async fn dashboard_page() -> HttpResponse {
+    serve(&INDEX)
+}
+
+/// The dashboard's scripts and styles.
+#[get("/static/{path:.*}")]
+async fn dashboard_file(path: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    ASSETS
+        .iter()
+        .find(|file| file.path == path.as_str())
+        .map(serve)
+        .ok_or_else(|| ApiError::not_found(format!("no dashboard file {path}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn standing(rho: Option<f64>, position: i32) -> FairnessApp {
+        FairnessApp {
+            app_id: Some(i64::from(position)),
+            name: None,
+            rho,
+            position,
+        }
+    }
+
+    #[test]
+    fn starving_apps_are_counted_but_left_out_of_max_rho_and_jains_index() {
+        let summary = FairnessSummary::new(FairnessInputs {
+            round: None,
+            apps: vec![
+                standing(None, 0),
+                standing(Some(3.0), 1),
+                standing(Some(1.0), 2),
+            ],
+            gpus: GpuCounts {
+                total: 8,
+                healthy: 7,
+                held: 6,
+            },
+        });
+        assert_eq!(summary.starving_apps, 1);
+        assert_eq!(summary.max_rho, Some(3.0));
+        // (1 + 3)^2 / (2 (1^2 + 3^2)) = 0.8
+        let jain = summary.jains_index.expect("two finite rhos");
+        assert!((jain - 0.8).abs() < 1e-12, "{jain}");
+        assert_eq!(summary.utilisation, 0.75);
+    }
+
+    #[test]
+    fn an_empty_market_has_no_max_rho_nor_index() {
+        let summary = FairnessSummary::new(FairnessInputs {
+            round: None,
+            apps: vec![standing(None, 0)],
+            gpus: GpuCounts {
+                total: 0,
+                healthy: 0,
+                held: 0,
+            },
+        });
+        assert_eq!((summary.max_rho, summary.jains_index), (None, None));
+        assert_eq!(summary.utilisation, 0.0);
+    }
+}

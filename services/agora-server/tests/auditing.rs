@@ -1,0 +1,194 @@
+//! What auditors rely on: the queries of docs/auditing.md run as `agora_auditor` on a real
+//! history, the role can read no secret and write nothing, and stored rounds replay exactly —
+//! including every round of a demo run, replayed with only the auditor's rights.
+
+mod support;
+
+use std::time::Duration;
+
+use agora_server::audit::replay_round;
+use agora_server::store::Store;
+use sqlx::postgres::PgRow;
+use sqlx::{Connection, PgConnection, Row};
+use support::{active, config, fresh_database, serve, start_clock, Service};
+
+/// The ```sql blocks of docs/auditing.md.
+fn documented_queries() -> Vec<String> {
+    let doc = include_str!("../../../docs/auditing.md");
+    doc.split("```sql")
+        .skip(1)
+        .map(|block| {
+            block
+                .split("```")
+                .next()
+                .expect("a closed block")
+                .trim()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Two tenants' apps through two rounds of leases, a release and a finish: a history with
+/// every kind of row the documented queries read.
+async fn history(service: &Service) {
+    let vision = service.tenant("vision").await;
+    let speech = service.tenant("speech").await;
+    let resnet = service
+        .register(&vision, "resnet-sweep", "agent", 2, 1_000)
+        .await;
+    let wav2vec = service
+        .register(&speech, "wav2vec", "agent", 2, 1_000)
+        .await;
+    for (token, app) in [(&vision, resnet), (&speech, wav2vec)] {
+        service
+            .wait_for_leases(token, app, |leases| active(leases).len() == 1)
+            .await;
+    }
+    // The first leases expire and the GPUs are auctioned again, now with every app holding
+    // GPUs (so with a finite rho).
+    service.clock.advance(Duration::from_secs(61));
+    for (token, app) in [(&vision, resnet), (&speech, wav2vec)] {
+        service
+            .wait_for_leases(token, app, |leases| {
+                leases.len() >= 2 && active(leases).len() == 1
+            })
+            .await;
+    }
+    let (_, leases) = service
+        .call("GET", &format!("/v1/apps/{wav2vec}/leases"), &speech, None)
+        .await;
+    let lease = active(leases.as_array().expect("leases"))[0]["id"].clone();
+    let (status, body) = service
+        .call(
+            "POST",
+            &format!("/v1/leases/{lease}/release"),
+            &speech,
+            None,
+        )
+        .await;
+    assert_eq!(status, 204, "{body}");
+}
+
+/// Runs `query` as `agora_auditor` (read only, in a transaction that is rolled back).
+async fn as_auditor(connection: &mut PgConnection, query: &str) -> Result<Vec<PgRow>, sqlx::Error> {
+    let mut transaction = connection.begin().await?;
+    sqlx::query("SET LOCAL ROLE agora_auditor")
+        .execute(&mut *transaction)
+        .await?;
+    let rows = sqlx::query(query).fetch_all(&mut *transaction).await;
+    transaction.rollback().await?;
+    rows
+}
+
+fn sqlstate(error: &sqlx::Error) -> Option<String> {
+    error
+        .as_database_error()
+        .and_then(|db| db.code())
+        .map(|code| code.into_owned())
+}
+
+#[actix_web::test]
+async fn the_documented_queries_run_as_the_auditor_and_the_role_is_read_only() {
+    let database = fresh_database().await;
+    let service = serve(&config(&database), start_clock()).await;
+    history(&service).await;
+    let mut connection = PgConnection::connect(&database).await.expect("connect");
+
+    let queries = documented_queries();
+    assert!(queries.len() >= 6, "docs/auditing.md lost its examples");
+    for query in &queries {
+        let rows = as_auditor(&mut connection, query)
+            .await
+            .unwrap_or_else(|error| panic!("{error}\nin the documented query:\n{query}"));
+        assert!(
+            !rows.is_empty(),
+            "the documented query returns nothing on a real history:\n{query}"
+        );
+        if query.contains("overlapping_leases") {
+            let overlapping: i64 = rows[0].get("overlapping_leases");
+            assert_eq!(overlapping, 0, "a GPU was leased twice");
+        }
+    }
+
+    for forbidden in [
+        "SELECT * FROM api_tokens",
+        "DELETE FROM round_allocations",
+        "UPDATE leases SET state = 'revoked'",
+        "INSERT INTO tenants (name) VALUES ('mallory')",
+    ] {
+        let error = as_auditor(&mut connection, forbidden)
+            .await
+            .expect_err(forbidden);
+        assert_eq!(
+            sqlstate(&error).as_deref(),
+            Some("42501"),
+            "{forbidden}: {error}"
+        );
+    }
+    service.running.stop().await;
+}
+
+/// A login role with the auditor's rights only, and its connection URL.
+async fn auditor_login(database: &str) -> (String, String) {
+    let role = format!("agora_audit_test_{}", std::process::id());
+    let mut admin = PgConnection::connect(database).await.expect("connect");
+    sqlx::query(&format!("DROP ROLE IF EXISTS {role}"))
+        .execute(&mut admin)
+        .await
+        .expect("drop role");
+    sqlx::query(&format!("CREATE ROLE {role} LOGIN IN ROLE agora_auditor"))
+        .execute(&mut admin)
+        .await
+        .expect("create role");
+    let url = database.replacen("postgres@", &format!("{role}@"), 1);
+    assert_ne!(
+        url, database,
+        "the test Postgres URL names the postgres user"
+    );
+    (role, url)
+}
+
+#[actix_web::test]
+async fn every_round_of_a_demo_run_replays_exactly_with_only_the_auditors_rights() {
+    let database = fresh_database().await;
+    let mut settings = config(&database);
+    agora_server::demo::adjust(&mut settings);
+    let service = serve(&settings, start_clock()).await;
+    agora_server::demo::start(&service.running, &settings)
+        .await
+        .expect("the demo starts");
+
+    // The demo's apps bid and report progress over HTTP; leases expiring (on the manual
+    // clock) start round after round.
+    let store = &service.running.store;
+    let mut rounds = Vec::new();
+    for _ in 0..120 {
+        rounds = store.closed_round_ids().await.expect("rounds");
+        if rounds.len() >= 6 {
+            break;
+        }
+        service.clock.advance(Duration::from_secs(15));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        rounds.len() >= 6,
+        "the demo closed only {} rounds",
+        rounds.len()
+    );
+
+    let (role, auditor_url) = auditor_login(&database).await;
+    let auditor = Store::connect_without_migrating(&auditor_url)
+        .await
+        .expect("the auditor connects");
+    for round in rounds {
+        let replay = replay_round(&auditor, round).await.expect("replay");
+        assert!(replay.matches, "round {round}: {:?}", replay.differences);
+    }
+    auditor.pool().close().await;
+    service.running.stop().await;
+    let mut admin = PgConnection::connect(&database).await.expect("connect");
+    sqlx::query(&format!("DROP ROLE {role}"))
+        .execute(&mut admin)
+        .await
+        .expect("drop role");
+}

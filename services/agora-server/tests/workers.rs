@@ -1,0 +1,559 @@
+//! GPU hosts over HTTP, as `agora worker` drives them (plain requests carrying the protocol's
+//! types): registration, heartbeats, unhealthy GPUs, hosts that die and return. Real Postgres,
+//! the service on port 0, a manual clock.
+
+mod support;
+
+use std::time::Duration;
+
+use agora_protocol::{
+    heartbeat_path, Enforcement, GpuDescriptor, GpuHealth, GpuLink, GpuMetrics, GpuReport,
+    Heartbeat, HeartbeatReply, HostRegistration, LinkKind, Registered, REGISTER_PATH,
+};
+use serde_json::{json, Value};
+use support::{
+    active, config, fresh_database, serve, start_clock, workers_config, Service, ADMIN,
+    WORKER_TOKEN,
+};
+
+fn registration(host: &str, rack: &str, uuids: &[&str]) -> HostRegistration {
+    HostRegistration {
+        host: host.to_owned(),
+        rack: rack.to_owned(),
+        gpus: uuids
+            .iter()
+            .enumerate()
+            .map(|(index, uuid)| GpuDescriptor {
+                uuid: (*uuid).to_owned(),
+                name: "NVIDIA H100 80GB HBM3".to_owned(),
+                memory_total_bytes: 80 << 30,
+                pci_bus_id: format!("00000000:{:02X}:00.0", 0x1B + index),
+                index: index as u32,
+                slot: 0,
+            })
+            .collect(),
+        links: uuids
+            .windows(2)
+            .map(|pair| GpuLink {
+                a: pair[0].to_owned(),
+                b: pair[1].to_owned(),
+                kind: LinkKind::Nvlink,
+                nvlinks: 18,
+            })
+            .collect(),
+        worker_version: "0.1.0".to_owned(),
+    }
+}
+
+fn heartbeat(gpus: &[(&str, GpuHealth)]) -> Heartbeat {
+    Heartbeat {
+        sequence: 1,
+        gpus: gpus
+            .iter()
+            .map(|(uuid, health)| GpuReport {
+                uuid: (*uuid).to_owned(),
+                health: health.clone(),
+                metrics: GpuMetrics {
+                    gpu_util_percent: Some(90),
+                    gpu_temp_celsius: Some(61),
+                    ..GpuMetrics::default()
+                },
+            })
+            .collect(),
+        exits: Vec::new(),
+        violations: Vec::new(),
+    }
+}
+
+fn healthy(uuids: &[&'static str]) -> Vec<(&'static str, GpuHealth)> {
+    uuids
+        .iter()
+        .map(|uuid| (*uuid, GpuHealth::Healthy))
+        .collect()
+}
+
+fn unhealthy(reason: &str) -> GpuHealth {
+    GpuHealth::Unhealthy {
+        reason: reason.to_owned(),
+    }
+}
+
+async fn register_host(service: &Service, host: &HostRegistration) -> Registered {
+    let (status, body) = service
+        .call("POST", REGISTER_PATH, WORKER_TOKEN, Some(json!(host)))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_value(body).expect("a Registered")
+}
+
+async fn send_heartbeat(service: &Service, host: &str, beat: &Heartbeat) -> (u16, Value) {
+    service
+        .call(
+            "POST",
+            &heartbeat_path(host),
+            WORKER_TOKEN,
+            Some(json!(beat)),
+        )
+        .await
+}
+
+async fn beat(service: &Service, host: &str, gpus: &[(&str, GpuHealth)]) -> HeartbeatReply {
+    let (status, body) = send_heartbeat(service, host, &heartbeat(gpus)).await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_value(body).expect("a HeartbeatReply")
+}
+
+/// An app of `jobs` one-GPU jobs with the given enforcement.
+async fn register_app(
+    service: &Service,
+    token: &str,
+    name: &str,
+    jobs: u32,
+    enforcement: Value,
+) -> i64 {
+    let jobs: Vec<Value> = (0..jobs)
+        .map(|job| {
+            json!({ "job": { "id": format!("j{job}"), "total_iterations": 100_000,
+                     "serial_iteration_time": 1.0, "max_gpus": 1 },
+                    "predicted_final_iteration": 100_000 })
+        })
+        .collect();
+    let body = json!({ "name": name, "app": { "kind": "performance_curve", "jobs": jobs },
+                       "enforcement": enforcement });
+    let (status, body) = service.call("POST", "/v1/apps", token, Some(body)).await;
+    assert_eq!(status, 201, "{body}");
+    body["id"].as_i64().expect("id")
+}
+
+fn lease_gpus(lease: &Value) -> Vec<String> {
+    let mut gpus: Vec<String> = lease["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .map(|gpu| gpu["cuda_uuid"].as_str().expect("uuid").to_owned())
+        .collect();
+    gpus.sort();
+    gpus
+}
+
+/// Whether each GPU of `/v1/cluster` is in service, in the cluster's order.
+async fn in_service(service: &Service) -> Vec<bool> {
+    let (status, cluster) = service.call("GET", "/v1/cluster", ADMIN, None).await;
+    assert_eq!(status, 200, "{cluster}");
+    cluster["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .map(|gpu| gpu["healthy"].as_bool().expect("healthy"))
+        .collect()
+}
+
+async fn count(service: &Service, query: &str) -> i64 {
+    sqlx::query_scalar(query)
+        .fetch_one(service.running.store.pool())
+        .await
+        .expect("a count")
+}
+
+#[actix_web::test]
+async fn hosts_register_and_heartbeats_list_their_leases_also_after_a_restart() {
+    let database = fresh_database().await;
+    let settings = workers_config(&database);
+    let clock = start_clock();
+    let service = serve(&settings, clock.clone()).await;
+    let registered = register_host(
+        &service,
+        &registration("node-a", "rack-1", &["GPU-a0", "GPU-a1"]),
+    )
+    .await;
+    assert_eq!(registered.host, "node-a");
+    assert_eq!(registered.heartbeat_interval_ms, 1_000);
+    register_host(
+        &service,
+        &registration("node-b", "rack-2", &["GPU-b0", "GPU-b1"]),
+    )
+    .await;
+
+    let (status, cluster) = service.call("GET", "/v1/cluster", ADMIN, None).await;
+    assert_eq!(status, 200, "{cluster}");
+    let gpus = cluster["gpus"].as_array().expect("gpus");
+    let seen: Vec<(&str, &str, &str)> = gpus
+        .iter()
+        .map(|gpu| {
+            (
+                gpu["host"].as_str().expect("host"),
+                gpu["cuda_uuid"].as_str().expect("uuid"),
+                gpu["id"].as_str().expect("id"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("node-a", "GPU-a0", "GPU-a0"),
+            ("node-a", "GPU-a1", "GPU-a1"),
+            ("node-b", "GPU-b0", "GPU-b0"),
+            ("node-b", "GPU-b1", "GPU-b1"),
+        ]
+    );
+    assert_ne!(gpus[0]["rack"], gpus[2]["rack"], "racks go by name");
+
+    let vision = service.tenant("vision").await;
+    let launch = json!({ "mode": "launch", "command": ["python", "train.py"],
+                         "env": { "SWEEP": "lr" } });
+    let app = register_app(&service, &vision, "sweep", 4, launch.clone()).await;
+    let leases = service
+        .wait_for_leases(&vision, app, |leases| active(leases).len() == 1)
+        .await;
+    assert_eq!(
+        lease_gpus(active(&leases)[0]).len(),
+        4,
+        "one lease across both hosts"
+    );
+
+    let reply = beat(&service, "node-a", &healthy(&["GPU-a0", "GPU-a1"])).await;
+    assert_eq!(reply.heartbeat_interval_ms, 1_000);
+    assert_eq!(reply.leases.len(), 1, "{reply:?}");
+    let lease = &reply.leases[0];
+    assert_eq!(json!(lease.lease_id), leases[0]["id"]);
+    assert_eq!(lease.app_id, app);
+    assert_eq!(
+        lease.gpu_uuids,
+        vec!["GPU-a0", "GPU-a1"],
+        "only this host's GPUs"
+    );
+    assert_eq!(json!(lease.enforcement), launch);
+    assert_eq!(lease.grace_seconds, settings.revocation_grace_seconds);
+    assert_eq!(json!(lease.end_at), leases[0]["end_at"]);
+    let reply = beat(&service, "node-b", &healthy(&["GPU-b0", "GPU-b1"])).await;
+    assert_eq!(reply.leases[0].gpu_uuids, vec!["GPU-b0", "GPU-b1"]);
+
+    let (status, body) = send_heartbeat(&service, "node-z", &heartbeat(&[])).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (404, Some("unknown_host")),
+        "{body}"
+    );
+    let (status, body) =
+        send_heartbeat(&service, "node-a", &heartbeat(&healthy(&["GPU-b0"]))).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("invalid_heartbeat")),
+        "{body}"
+    );
+    assert_eq!(
+        count(
+            &service,
+            "SELECT count(*) FROM gpu_metrics WHERE gpu_temp_celsius = 61"
+        )
+        .await,
+        4,
+        "the latest metrics of every reported GPU"
+    );
+    service.running.stop().await;
+
+    let restarted = serve(&settings, clock).await;
+    let (_, cluster) = restarted.call("GET", "/v1/cluster", ADMIN, None).await;
+    assert_eq!(
+        cluster["gpus"].as_array().map(Vec::len),
+        Some(4),
+        "hosts are reloaded"
+    );
+    let after = restarted
+        .wait_for_leases(&vision, app, |leases| active(leases).len() == 1)
+        .await;
+    assert_eq!(
+        after[0]["id"], leases[0]["id"],
+        "the lease survives the restart"
+    );
+    let reply = beat(&restarted, "node-a", &healthy(&["GPU-a0", "GPU-a1"])).await;
+    assert_eq!(
+        reply.leases.len(),
+        1,
+        "the restored host still enforces the lease"
+    );
+    restarted.running.stop().await;
+}
+
+#[actix_web::test]
+async fn a_gpu_reported_unhealthy_is_withdrawn_and_its_lease_revoked_after_notice() {
+    let database = fresh_database().await;
+    let settings = agora_server::config::ServerConfig {
+        heartbeat_interval_ms: 3_600_000,
+        revocation_grace_seconds: 30,
+        ..workers_config(&database)
+    };
+    let service = serve(&settings, start_clock()).await;
+    register_host(
+        &service,
+        &registration("node-a", "rack-1", &["GPU-0", "GPU-1", "GPU-2"]),
+    )
+    .await;
+    beat(
+        &service,
+        "node-a",
+        &[
+            ("GPU-0", GpuHealth::Healthy),
+            ("GPU-1", GpuHealth::Healthy),
+            ("GPU-2", unhealthy("XID 79: fell off the bus")),
+        ],
+    )
+    .await;
+
+    let vision = service.tenant("vision").await;
+    let app = service
+        .register(&vision, "sweep", "agent", 3, 100_000)
+        .await;
+    let leases = service
+        .wait_for_leases(&vision, app, |leases| active(leases).len() == 1)
+        .await;
+    assert_eq!(
+        lease_gpus(active(&leases)[0]),
+        vec!["GPU-0", "GPU-1"],
+        "the unhealthy GPU is not offered"
+    );
+
+    let reply = beat(
+        &service,
+        "node-a",
+        &[
+            ("GPU-0", unhealthy("double-bit ECC error")),
+            ("GPU-1", GpuHealth::Healthy),
+            ("GPU-2", unhealthy("XID 79: fell off the bus")),
+        ],
+    )
+    .await;
+    let notice = service.wait_for(&vision, app, "revocation_notice").await;
+    let reason = notice["reason"].as_str().expect("reason");
+    assert!(
+        reason.contains("GPU-0") && reason.contains("double-bit ECC error"),
+        "{reason}"
+    );
+    let revoke_at: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(notice["revoke_at"].clone()).expect("a time");
+    assert_eq!(
+        reply.leases[0].end_at, revoke_at,
+        "the host enforces the earlier end"
+    );
+    assert_eq!(
+        reply.leases[0].enforcement,
+        Enforcement::Watch,
+        "the default"
+    );
+
+    service.clock.advance(Duration::from_secs(31));
+    let ended = service.wait_for(&vision, app, "lease_ended").await;
+    assert_eq!(ended["state"], "revoked");
+    assert_eq!(ended["reason"].as_str(), Some(reason));
+    let leases = service
+        .wait_for_leases(&vision, app, |leases| {
+            active(leases).len() == 1 && leases.len() == 2
+        })
+        .await;
+    assert_eq!(
+        lease_gpus(active(&leases)[0]),
+        vec!["GPU-1"],
+        "re-auctioned without the sick GPUs"
+    );
+
+    beat(&service, "node-a", &healthy(&["GPU-0", "GPU-1", "GPU-2"])).await;
+    let leases = service
+        .wait_for_leases(&vision, app, |leases| active(leases).len() == 2)
+        .await;
+    let mut held: Vec<String> = active(&leases).into_iter().flat_map(lease_gpus).collect();
+    held.sort();
+    assert_eq!(
+        held,
+        vec!["GPU-0", "GPU-1", "GPU-2"],
+        "recovered GPUs go back into service"
+    );
+    assert_eq!(
+        count(&service, "SELECT count(*) FROM gpu_health_events").await,
+        4,
+        "two GPUs fell ill and recovered"
+    );
+    service.running.stop().await;
+}
+
+#[actix_web::test]
+async fn a_host_that_stops_heartbeating_loses_its_leases_and_a_round_runs_when_it_returns() {
+    let database = fresh_database().await;
+    let service = serve(&workers_config(&database), start_clock()).await;
+    register_host(
+        &service,
+        &registration("node-a", "rack-1", &["GPU-a0", "GPU-a1"]),
+    )
+    .await;
+    register_host(
+        &service,
+        &registration("node-b", "rack-1", &["GPU-b0", "GPU-b1"]),
+    )
+    .await;
+    let vision = service.tenant("vision").await;
+    let app = service
+        .register(&vision, "sweep", "agent", 4, 100_000)
+        .await;
+    let leases = service
+        .wait_for_leases(&vision, app, |leases| active(leases).len() == 1)
+        .await;
+    assert_eq!(lease_gpus(active(&leases)[0]).len(), 4);
+
+    // node-b heartbeats at 1.5 s; node-a stays silent past two intervals (2 s).
+    service.clock.advance(Duration::from_millis(1_500));
+    beat(&service, "node-b", &healthy(&["GPU-b0", "GPU-b1"])).await;
+    service.clock.advance(Duration::from_millis(600));
+    let ended = service.wait_for(&vision, app, "lease_ended").await;
+    assert_eq!(ended["state"], "revoked");
+    assert_eq!(ended["reason"], "host node-a stopped heartbeating");
+    let leases = service
+        .wait_for_leases(&vision, app, |leases| {
+            leases.len() == 2 && active(leases).len() == 1
+        })
+        .await;
+    assert_eq!(
+        lease_gpus(active(&leases)[0]),
+        vec!["GPU-b0", "GPU-b1"],
+        "the remaining capacity was auctioned again"
+    );
+    assert_eq!(
+        count(
+            &service,
+            "SELECT count(*) FROM hosts WHERE status = 'down' AND name = 'node-a'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(&service, "SELECT count(*) FROM host_events WHERE kind = 'down' AND reason = 'host node-a stopped heartbeating'").await,
+        1
+    );
+
+    assert_eq!(
+        in_service(&service).await,
+        vec![false, false, true, true],
+        "the cluster shows the silent host's GPUs out of service"
+    );
+
+    let reply = beat(&service, "node-a", &healthy(&["GPU-a0", "GPU-a1"])).await;
+    assert!(
+        reply.leases.is_empty(),
+        "its old leases are gone: {reply:?}"
+    );
+    assert_eq!(in_service(&service).await, vec![true; 4]);
+    let leases = service
+        .wait_for_leases(&vision, app, |leases| {
+            active(leases).into_iter().flat_map(lease_gpus).count() == 4
+        })
+        .await;
+    assert_eq!(
+        lease_gpus(active(&leases)[1]),
+        vec!["GPU-a0", "GPU-a1"],
+        "a round gave the returning host's GPUs out again"
+    );
+    service.running.stop().await;
+}
+
+#[actix_web::test]
+async fn bad_registrations_and_wrong_tokens_are_refused_and_nothing_is_stored() {
+    let database = fresh_database().await;
+    let service = serve(&workers_config(&database), start_clock()).await;
+    let vision = service.tenant("vision").await;
+    let good = registration("node-a", "rack-1", &["GPU-a0", "GPU-a1"]);
+
+    for token in ["wrong", &vision, ADMIN] {
+        let (status, body) = service
+            .call("POST", REGISTER_PATH, token, Some(json!(good)))
+            .await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (401, Some("unauthorized")),
+            "{body}"
+        );
+    }
+
+    let mut bad = Vec::new();
+    let mut nameless = good.clone();
+    nameless.host = String::new();
+    bad.push((json!(nameless), "invalid_registration"));
+    let mut slashed = good.clone();
+    slashed.host = "node/a".to_owned();
+    bad.push((json!(slashed), "invalid_registration"));
+    let mut twice = good.clone();
+    twice.gpus[1].uuid = "GPU-a0".to_owned();
+    bad.push((json!(twice), "invalid_registration"));
+    let mut stray_link = good.clone();
+    stray_link.links[0].b = "GPU-elsewhere".to_owned();
+    bad.push((json!(stray_link), "invalid_registration"));
+    let mut empty = good.clone();
+    empty.gpus.clear();
+    empty.links.clear();
+    bad.push((json!(empty), "invalid_registration"));
+    let mut unknown_field = json!(good);
+    unknown_field["gpu_count"] = json!(2);
+    bad.push((unknown_field, "malformed_json"));
+    for (body, code) in bad {
+        let (status, answer) = service
+            .call("POST", REGISTER_PATH, WORKER_TOKEN, Some(body.clone()))
+            .await;
+        assert!((400..500).contains(&status), "{body} -> {status} {answer}");
+        assert_eq!(answer["code"].as_str(), Some(code), "{body} -> {answer}");
+    }
+    let stored = "SELECT (SELECT count(*) FROM hosts) + (SELECT count(*) FROM gpus) + (SELECT count(*) FROM machines)";
+    assert_eq!(count(&service, stored).await, 0, "nothing stored");
+
+    register_host(&service, &good).await;
+    let moved = registration("node-a", "rack-2", &["GPU-a0", "GPU-a1"]);
+    let stolen = registration("node-b", "rack-1", &["GPU-a1", "GPU-b0"]);
+    for body in [moved, stolen] {
+        let (status, answer) = service
+            .call("POST", REGISTER_PATH, WORKER_TOKEN, Some(json!(body)))
+            .await;
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (422, Some("invalid_registration")),
+            "{answer}"
+        );
+    }
+    assert_eq!(
+        count(&service, stored).await,
+        1 + 2 + 1,
+        "only the good host"
+    );
+    let (status, answer) = service
+        .call(
+            "POST",
+            &heartbeat_path("node-a"),
+            "wrong",
+            Some(json!(heartbeat(&[]))),
+        )
+        .await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (401, Some("unauthorized")),
+        "{answer}"
+    );
+
+    let no_command = json!({ "mode": "launch", "command": [] });
+    let body = json!({ "name": "x", "app": { "kind": "single_job", "job": { "id": "j",
+        "total_iterations": 10, "serial_iteration_time": 1.0, "max_gpus": 1 } },
+        "enforcement": no_command });
+    let (status, answer) = service.call("POST", "/v1/apps", &vision, Some(body)).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (422, Some("invalid_app")),
+        "{answer}"
+    );
+    assert_eq!(count(&service, "SELECT count(*) FROM apps").await, 0);
+    service.running.stop().await;
+
+    let simulated = serve(&config(&fresh_database().await), start_clock()).await;
+    let (status, answer) = simulated
+        .call("POST", REGISTER_PATH, WORKER_TOKEN, Some(json!(good)))
+        .await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (403, Some("workers_disabled")),
+        "{answer}"
+    );
+    simulated.running.stop().await;
+}

@@ -1,0 +1,365 @@
+//! The worker's loop: register, heartbeat, enforce.
+//!
+//! The worker pulls; the arbiter never connects to a host. Until the arbiter accepts the
+//! registration the worker retries with backoff (0.5 s doubling to 30 s), logging each
+//! failure. Then it heartbeats at the interval the arbiter returns; an arbiter that answers
+//! 404 has forgotten the host (a restart, or it declared the host dead), so the worker
+//! registers again. Between heartbeats it ticks lease enforcement every
+//! [`ENFORCEMENT_TICK`]. Commands keep being enforced while the arbiter is unreachable: the
+//! leases it last listed end on their own schedule.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use agora_protocol::{
+    GpuReport, Heartbeat, HeartbeatReply, HostLease, HostRegistration, Registered, REGISTER_PATH,
+};
+use chrono::Utc;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::backend::{BackendError, GpuBackend, GpuProcess};
+use crate::enforce::{violations, Enforcer};
+use crate::health::{HealthPolicy, HealthTracker};
+use crate::topology::{discover, HostTopology};
+
+/// How often launched commands are checked and signalled between heartbeats.
+pub const ENFORCEMENT_TICK: Duration = Duration::from_millis(100);
+
+const FIRST_RETRY: Duration = Duration::from_millis(500);
+const LAST_RETRY: Duration = Duration::from_secs(30);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Everything a worker needs.
+pub struct WorkerConfig {
+    /// The arbiter's base URL, e.g. `http://arbiter.example:8080`.
+    pub arbiter: String,
+    /// The worker token (`Authorization: Bearer`).
+    pub token: String,
+    /// This host's name in the cluster.
+    pub host: String,
+    /// The rack the host sits in.
+    pub rack: String,
+    /// Heartbeat at this interval instead of the arbiter's.
+    pub heartbeat_interval: Option<Duration>,
+    pub health: HealthPolicy,
+    pub backend: Box<dyn GpuBackend>,
+}
+
+/// Leaves the token (and the backend) out, so the config can be logged.
+impl std::fmt::Debug for WorkerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerConfig")
+            .field("arbiter", &self.arbiter)
+            .field("host", &self.host)
+            .field("rack", &self.rack)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("health", &self.health)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("cannot discover this host's GPUs: {0}")]
+    Discovery(#[from] BackendError),
+    /// The arbiter refused the worker for good (a bad token, a registration it rejects);
+    /// retrying would not help.
+    #[error("the arbiter at {arbiter} refused this worker ({status}): {body}{hint}")]
+    Refused {
+        arbiter: String,
+        status: u16,
+        body: String,
+        hint: &'static str,
+    },
+}
+
+/// Where the worker stands with the arbiter.
+#[derive(Debug, Default)]
+struct Link {
+    registered: bool,
+    /// Registration attempts that failed in a row.
+    failed_registrations: u32,
+}
+
+/// A failed exchange with the arbiter.
+#[derive(Debug)]
+enum Exchange {
+    /// Network trouble or a server error: try again later.
+    Retry(String),
+    /// 404: the arbiter does not know this host.
+    UnknownHost,
+    Refused(WorkerError),
+}
+
+/// One host's agent.
+#[allow(missing_debug_implementations)] // awc::Client is not Debug
+pub struct Worker {
+    config: WorkerConfig,
+    topology: HostTopology,
+    trackers: Vec<HealthTracker>,
+    /// The last XID raised for each GPU, by position in `topology.devices`.
+    last_xid: Vec<Option<u64>>,
+    enforcer: Enforcer,
+    leases: Vec<HostLease>,
+    sequence: u64,
+    /// The interval the arbiter last asked for.
+    arbiter_interval: Duration,
+    client: awc::Client,
+}
+
+impl Worker {
+    /// Discovers the host's GPUs and their topology.
+    pub fn new(mut config: WorkerConfig) -> Result<Self, WorkerError> {
+        let topology = discover(config.backend.as_mut())?;
+        let gpus = topology.devices.len();
+        Ok(Self {
+            config,
+            topology,
+            trackers: vec![HealthTracker::default(); gpus],
+            last_xid: vec![None; gpus],
+            enforcer: Enforcer::default(),
+            leases: Vec::new(),
+            sequence: 0,
+            arbiter_interval: Duration::from_secs(5),
+            client: awc::Client::builder().timeout(REQUEST_TIMEOUT).finish(),
+        })
+    }
+
+    /// What the worker registers.
+    pub fn registration(&self) -> HostRegistration {
+        self.topology
+            .registration(&self.config.host, &self.config.rack)
+    }
+
+    /// Runs until `shutdown` completes (then ends the commands it launched, each after its
+    /// lease's grace) or the arbiter refuses the worker.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), WorkerError> {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let registration = self.registration();
+        let mut link = Link::default();
+        let outcome = loop {
+            let wait = match self.exchange(&registration, &mut link).await {
+                Ok(wait) => wait,
+                Err(error) => break Err(error),
+            };
+            if !self.enforce_for(wait, shutdown.as_mut()).await {
+                break Ok(());
+            }
+        };
+        self.end_launched_commands().await;
+        outcome
+    }
+
+    /// Registers or heartbeats, as the link needs; gives the wait until the next exchange.
+    async fn exchange(
+        &mut self,
+        registration: &HostRegistration,
+        link: &mut Link,
+    ) -> Result<Duration, WorkerError> {
+        if link.registered {
+            return match self.heartbeat().await {
+                Ok(()) => Ok(self.interval()),
+                Err(Exchange::UnknownHost) => {
+                    tracing::warn!(
+                        "the arbiter does not know this host any more: registering again"
+                    );
+                    link.registered = false;
+                    Ok(Duration::ZERO)
+                }
+                Err(Exchange::Retry(error)) => {
+                    tracing::warn!(%error, "heartbeat failed; the leases already known stay enforced");
+                    Ok(self.interval())
+                }
+                // A bad token ends the worker; any other rejection is logged and the
+                // worker keeps enforcing what it knows.
+                Err(Exchange::Refused(
+                    error @ WorkerError::Refused {
+                        status: 401 | 403, ..
+                    },
+                )) => Err(error),
+                Err(Exchange::Refused(error)) => {
+                    tracing::error!(%error, "the arbiter rejected a heartbeat");
+                    Ok(self.interval())
+                }
+            };
+        }
+        let problem = match self.register(registration).await {
+            Ok(()) => {
+                tracing::info!(host = %self.config.host, gpus = registration.gpus.len(), "registered with the arbiter");
+                *link = Link {
+                    registered: true,
+                    failed_registrations: 0,
+                };
+                // Heartbeat at once, so the arbiter learns the GPUs' health without delay.
+                return Ok(Duration::ZERO);
+            }
+            Err(Exchange::Refused(error)) => return Err(error),
+            Err(Exchange::Retry(error)) => error,
+            Err(Exchange::UnknownHost) => "it has no worker endpoint (HTTP 404)".to_owned(),
+        };
+        let delay = backoff(link.failed_registrations);
+        link.failed_registrations += 1;
+        tracing::warn!(arbiter = %self.config.arbiter, error = %problem, "cannot register with the arbiter; retrying in {delay:?}");
+        Ok(delay)
+    }
+
+    /// The heartbeat interval: the operator's override, else the arbiter's latest word.
+    fn interval(&self) -> Duration {
+        self.config
+            .heartbeat_interval
+            .unwrap_or(self.arbiter_interval)
+    }
+
+    async fn register(&mut self, registration: &HostRegistration) -> Result<(), Exchange> {
+        let registered: Registered = self.post(REGISTER_PATH, registration).await?;
+        self.arbiter_interval = Duration::from_millis(registered.heartbeat_interval_ms);
+        Ok(())
+    }
+
+    /// Sends one heartbeat and applies the reply.
+    async fn heartbeat(&mut self) -> Result<(), Exchange> {
+        self.sequence += 1;
+        let heartbeat = self.report();
+        let path = agora_protocol::heartbeat_path(&self.config.host);
+        let reply: HeartbeatReply = self.post(&path, &heartbeat).await?;
+        self.enforcer.exits_delivered(heartbeat.exits.len());
+        self.enforcer.apply(&reply.leases, Utc::now());
+        self.leases = reply.leases;
+        self.arbiter_interval = Duration::from_millis(reply.heartbeat_interval_ms);
+        Ok(())
+    }
+
+    /// Reads every GPU and judges its health.
+    fn report(&mut self) -> Heartbeat {
+        let xids = self.config.backend.take_xid_events();
+        let mut gpus = Vec::with_capacity(self.topology.devices.len());
+        let mut processes_by_gpu: BTreeMap<String, Vec<GpuProcess>> = BTreeMap::new();
+        for (position, device) in self.topology.devices.iter().enumerate() {
+            let raised: Vec<u64> = xids
+                .iter()
+                .filter(|event| event.gpu_index == device.index)
+                .map(|event| event.xid)
+                .collect();
+            if let Some(last) = raised.last() {
+                self.last_xid[position] = Some(*last);
+            }
+            let sample = self.config.backend.sample(device.index);
+            let health = self.trackers[position].assess(
+                &self.config.health,
+                sample.as_ref().map(|sample| &sample.metrics),
+                &raised,
+            );
+            let (mut metrics, processes) = match sample {
+                Ok(sample) => (sample.metrics, sample.processes),
+                Err(_) => Default::default(),
+            };
+            metrics.last_xid = self.last_xid[position];
+            processes_by_gpu.insert(device.uuid.clone(), processes);
+            gpus.push(GpuReport {
+                uuid: device.uuid.clone(),
+                health,
+                metrics,
+            });
+        }
+        Heartbeat {
+            sequence: self.sequence,
+            gpus,
+            exits: self.enforcer.undelivered_exits(),
+            violations: violations(&self.leases, &processes_by_gpu),
+        }
+    }
+
+    async fn post<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<T, Exchange> {
+        let url = format!("{}{path}", self.config.arbiter.trim_end_matches('/'));
+        let mut response = self
+            .client
+            .post(&url)
+            .bearer_auth(&self.config.token)
+            .send_json(body)
+            .await
+            .map_err(|error| Exchange::Retry(format!("POST {url}: {error}")))?;
+        let status = response.status().as_u16();
+        let bytes =
+            response.body().limit(16 << 20).await.map_err(|error| {
+                Exchange::Retry(format!("POST {url}: reading the reply: {error}"))
+            })?;
+        match status {
+            200..=299 => serde_json::from_slice(&bytes)
+                .map_err(|error| Exchange::Retry(format!("POST {url}: unexpected reply: {error}"))),
+            404 => Err(Exchange::UnknownHost),
+            408 | 429 | 500..=599 => Err(Exchange::Retry(format!(
+                "POST {url}: HTTP {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            ))),
+            _ => Err(Exchange::Refused(WorkerError::Refused {
+                arbiter: self.config.arbiter.clone(),
+                status,
+                body: String::from_utf8_lossy(&bytes).into_owned(),
+                hint: if matches!(status, 401 | 403) {
+                    " (check the worker token: --token or AGORA_WORKER_TOKEN)"
+                } else {
+                    ""
+                },
+            })),
+        }
+    }
+
+    /// Ticks enforcement for `wait`; false if `shutdown` completed meanwhile.
+    async fn enforce_for(
+        &mut self,
+        wait: Duration,
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> bool {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            self.enforcer.tick(Utc::now());
+            let now = tokio::time::Instant::now();
+            if now >= until {
+                return true;
+            }
+            tokio::select! {
+                () = shutdown.as_mut() => return false,
+                () = tokio::time::sleep((until - now).min(ENFORCEMENT_TICK)) => {}
+            }
+        }
+    }
+
+    async fn end_launched_commands(&mut self) {
+        if !self.enforcer.has_running() {
+            return;
+        }
+        tracing::info!("stopping: ending the commands launched for leases");
+        self.enforcer.end_all(Utc::now());
+        while self.enforcer.has_running() {
+            tokio::time::sleep(ENFORCEMENT_TICK).await;
+            self.enforcer.tick(Utc::now());
+        }
+    }
+}
+
+/// The wait before registration attempt `failures + 1`.
+fn backoff(failures: u32) -> Duration {
+    FIRST_RETRY
+        .saturating_mul(2_u32.saturating_pow(failures.min(16)))
+        .min(LAST_RETRY)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registration_retries_back_off_to_half_a_minute() {
+        assert_eq!(backoff(0), Duration::from_millis(500));
+        assert_eq!(backoff(1), Duration::from_secs(1));
+        assert_eq!(backoff(3), Duration::from_secs(4));
+        assert_eq!(backoff(6), Duration::from_secs(30));
+        assert_eq!(backoff(u32::MAX), Duration::from_secs(30));
+    }
+}

@@ -1,0 +1,105 @@
+// Apps: each app's rho now and over time (with rho = 1), why it has what it has, its leases
+// on a timeline, and every round it took part in with its bid table, PF choice and c_i.
+
+import { get } from './api.js';
+import { leaseGantt, rhoChart } from './charts.js';
+import { appColour, gpuList, h, rho, stat, table, time } from './ui.js';
+
+/** How far back the app's lease timeline reaches. */
+const LEASE_WINDOW_MS = 15 * 60 * 1000;
+
+export async function showApps(container, context, appId) {
+  const list = h('ul', { class: 'list', id: 'app-list', 'aria-label': 'Apps' });
+  const detail = h('div', { id: 'app-detail', 'aria-live': 'off' });
+  container.replaceChildren(
+    h('h2', { tabindex: '-1' }, context.admin ? 'Apps of every tenant' : `Apps of ${context.me.tenant}`),
+    h('div', { class: 'split' }, list, detail));
+  const selected = appId ?? context.me.apps.find((app) => !app.finished_at)?.id ?? context.me.apps[0]?.id;
+  const refresh = async () => {
+    await context.reload();
+    await Promise.all([renderList(list, context, selected), selected != null && renderDetail(detail, context, selected)]);
+  };
+  await refresh();
+  return { update: refresh };
+}
+
+async function renderList(list, context, selected) {
+  const fairness = await get('/v1/fairness');
+  const rhoNow = new Map(fairness.apps.filter((app) => app.app_id != null).map((app) => [app.app_id, app.rho]));
+  if (!context.me.apps.length) {
+    list.replaceChildren(h('li', {}, 'No apps yet: register one with POST /v1/apps.'));
+    return;
+  }
+  list.replaceChildren(...context.me.apps.map((app) => h('li', {},
+    h('a', { href: `#/apps/${app.id}`, 'aria-current': app.id === selected ? 'true' : null, 'data-app': app.id },
+      h('span', { class: 'title' }, h('span', { class: 'swatch', style: `background:${appColour(app.id).fill}` }), app.name),
+      h('span', { class: 'meta' },
+        context.admin ? `${app.tenant} · ` : '',
+        app.finished_at ? 'finished' : `ρ ${rhoNow.has(app.id) ? rho(rhoNow.get(app.id)) : '–'}`)))));
+}
+
+async function renderDetail(detail, context, appId) {
+  const app = context.appsById.get(appId);
+  if (!app) {
+    detail.replaceChildren(h('p', { class: 'error' }, `App ${appId} is not one you can see.`));
+    return;
+  }
+  const now = Date.now();
+  const [why, history, rounds, leases] = await Promise.all([
+    get(`/v1/apps/${appId}/why`),
+    get(`/v1/apps/${appId}/rho-history`),
+    get(`/v1/apps/${appId}/rounds?limit=50`),
+    get(`/v1/apps/${appId}/leases`),
+  ]);
+  const openBids = new Set([...detail.querySelectorAll('details[open]')].map((node) => node.dataset.round));
+  const rhoContainer = detail.querySelector('#rho-chart') ?? h('div', { class: 'chart', id: 'rho-chart', role: 'img' });
+  const leaseContainer = detail.querySelector('#app-leases') ?? h('div', { class: 'chart', id: 'app-leases', role: 'img' });
+  rhoContainer.setAttribute('aria-label', `rho of ${app.name} at the start of its last ${history.length} rounds`);
+  leaseContainer.setAttribute('aria-label', `leases of ${app.name} over the last 15 minutes`);
+  const standing = why.now;
+  detail.replaceChildren(
+    h('h3', {}, app.name, context.admin ? ` (tenant ${app.tenant})` : ''),
+    h('div', { class: 'stats' },
+      stat('ρ now', standing ? rho(standing.rho) : '–', standing && standing.rho != null && standing.rho <= 1 ? 'good' : 'bad'),
+      stat('Position (0 = worst ρ)', standing ? `${standing.position} of ${standing.active_apps}` : '–'),
+      stat('GPUs held', standing ? standing.gpus_held : 0),
+      stat('Status', app.finished_at ? 'finished' : 'active')),
+    h('p', { class: 'why', id: 'why' }, h('strong', {}, 'Why: '), why.explanation),
+    h('h3', {}, 'ρ over time'),
+    rhoContainer,
+    h('h3', {}, 'Leases (last 15 minutes)'),
+    leaseContainer,
+    h('h3', {}, 'Rounds it took part in'),
+    roundsTable(rounds, openBids));
+  rhoChart(rhoContainer, history);
+  const window = { from: now - LEASE_WINDOW_MS, to: now };
+  const recent = leases
+    .map((lease) => ({ ...lease, gpus: lease.gpus.map((gpu) => gpu.id), end_at: lease.ended_at ?? lease.end_at }))
+    .filter((lease) => Date.parse(lease.end_at) > window.from);
+  const gpus = [...new Set(recent.flatMap((lease) => lease.gpus))].sort();
+  leaseGantt(leaseContainer, recent, gpus, appColour, window);
+}
+
+function roundsTable(rounds, openBids) {
+  if (!rounds.length) return h('p', {}, 'It has not bid in any round yet.');
+  const rows = rounds.map((round) => h('tr', { 'data-round': round.round_id },
+    h('td', {}, h('a', { href: `#/rounds/${round.round_id}` }, `#${round.round_id}`), h('br'), time(round.opened_at)),
+    h('td', { class: 'num' }, rho(round.rho)),
+    h('td', {}, round.bid ? bidTable(round, openBids) : round.bidder ? 'no bid' : 'not offered'),
+    h('td', {}, round.won ? h('span', { class: 'won' }, 'won') : h('span', { class: 'lost' }, 'no')),
+    h('td', {}, gpuList(round.won_gpus), round.leftover_gpus.length ? ` + leftovers ${gpuList(round.leftover_gpus)}` : ''),
+    h('td', { class: 'num' }, round.c == null ? '–' : round.c.toFixed(3))));
+  return h('div', { class: 'table-wrap' }, table('Newest first; c_i is the hidden payment share (the app keeps c_i of its bundle)',
+    ['Round', 'ρ at start', 'Bid table', 'Won?', 'GPUs got', 'c_i'], rows, { id: 'app-rounds' }));
+}
+
+function bidTable(round, openBids) {
+  const { bid } = round;
+  const rows = bid.entries.map((entry, index) => h('tr', { class: index === round.pf_entry ? 'chosen' : null },
+    h('td', {}, index, index === round.pf_entry ? ' (PF choice)' : ''),
+    h('td', {}, gpuList(entry.gpus)),
+    h('td', { class: 'num' }, entry.rho.toFixed(3))));
+  return h('details', { 'data-round': round.round_id, open: openBids.has(String(round.round_id)) },
+    h('summary', {}, `${bid.entries.length} bundles, ρ_old ${rho(bid.rho_old)} (${bid.source})`),
+    table('Bid table', ['#', 'GPUs', 'ρ if won'], rows));
+}
