@@ -11,7 +11,8 @@ use clap::Args;
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// TOML settings (every setting has a default; DATABASE_URL, AGORA_LISTEN,
-    /// AGORA_ADMIN_TOKEN, AGORA_FLEET and AGORA_LEASE_SECONDS override the file).
+    /// AGORA_ADMIN_TOKEN, AGORA_FLEET, AGORA_LEASE_SECONDS, AGORA_GPUS and AGORA_WORKER_TOKEN
+    /// override the file).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Also run a handful of synthetic HPO apps that bid through the HTTP API, on short leases,
