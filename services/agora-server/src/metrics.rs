@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use agora_market::market::{Market, Standing};
+use agora_sim::metrics::RhoSpread;
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::MetricExporter;
@@ -54,9 +55,7 @@ struct MarketView {
     free_gpus: u64,
     /// (app, rho) of each app holding GPUs, at the last rho collection.
     rho: Vec<(String, f64)>,
-    starving_apps: u64,
-    max_rho: Option<f64>,
-    jains_index: Option<f64>,
+    spread: RhoSpread,
 }
 
 static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -164,11 +163,8 @@ impl Metrics {
             .iter()
             .filter_map(|standing| Some((standing.app.0.clone(), f64::from(standing.rho?))))
             .collect();
-        let values: Vec<f64> = rho.iter().map(|(_, rho)| *rho).collect();
         let mut view = self.view();
-        view.starving_apps = (standings.len() - rho.len()) as u64;
-        view.max_rho = values.iter().copied().reduce(f64::max);
-        view.jains_index = (!values.is_empty()).then(|| agora_sim::metrics::jains_index(&values));
+        view.spread = RhoSpread::of(standings.iter().map(|standing| standing.rho.map(f64::from)));
         view.rho = rho;
     }
 
@@ -210,13 +206,13 @@ fn market_gauges(meter: &Meter, market: &Arc<Mutex<MarketView>>) {
         (
             "agora.apps.starving",
             "Apps holding no GPU (unbounded rho), at the last round's rho collection",
-            |view, observe| observe(view.starving_apps as f64, &[]),
+            |view, observe| observe(view.spread.starving_apps as f64, &[]),
         ),
         (
             "agora.rho.max",
             "The largest rho among apps holding GPUs, at the last round's rho collection",
             |view, observe| {
-                if let Some(max) = view.max_rho {
+                if let Some(max) = view.spread.max_rho {
                     observe(max, &[]);
                 }
             },
@@ -225,7 +221,7 @@ fn market_gauges(meter: &Meter, market: &Arc<Mutex<MarketView>>) {
             "agora.rho.jain_index",
             "Jain's fairness index of the rho of apps holding GPUs (1: all equal)",
             |view, observe| {
-                if let Some(index) = view.jains_index {
+                if let Some(index) = view.spread.jains_index {
                     observe(index, &[]);
                 }
             },

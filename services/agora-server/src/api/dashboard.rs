@@ -7,7 +7,7 @@ use std::time::Duration;
 use actix_web::http::header;
 use actix_web::web::Bytes;
 use actix_web::{get, web, HttpRequest, HttpResponse};
-use agora_sim::metrics::jains_index;
+use agora_sim::metrics::RhoSpread;
 use chrono::{DateTime, Utc};
 use futures_util::stream as streams;
 use serde::{Deserialize, Serialize};
@@ -149,13 +149,13 @@ pub struct FairnessSummary {
 
 impl FairnessSummary {
     fn new(inputs: FairnessInputs) -> Self {
-        let rhos: Vec<f64> = inputs.apps.iter().filter_map(|app| app.rho).collect();
+        let spread = RhoSpread::of(inputs.apps.iter().map(|app| app.rho));
         Self {
             round_id: inputs.round.map(|(id, _)| id),
             at: inputs.round.map(|(_, at)| at),
-            starving_apps: inputs.apps.len() - rhos.len(),
-            max_rho: rhos.iter().copied().reduce(f64::max),
-            jains_index: (!rhos.is_empty()).then(|| jains_index(&rhos)),
+            starving_apps: spread.starving_apps,
+            max_rho: spread.max_rho,
+            jains_index: spread.jains_index,
             utilisation: if inputs.gpus.total == 0 {
                 0.0
             } else {
