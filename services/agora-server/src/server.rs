@@ -19,13 +19,13 @@ use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, Gpu, GpuId, GpuIndex, GpuLocation};
 use agora_protocol::Enforcement;
 use anyhow::{anyhow, Context as _};
-use tokio::sync::broadcast;
 
 use crate::actors::agent::Bidding;
 use crate::actors::arbiter::{Arbiter, ArbiterSettings, ReopenedRound, Restored};
 use crate::api::{self, ApiState};
 use crate::clock::{from_datetime, Clock};
 use crate::config::{GpuSource, ServerConfig};
+use crate::notices::Notices;
 use crate::store::{app_id, Store, StoredBid, StoredRound, StoredWorkerGpu};
 
 /// A started service.
@@ -59,20 +59,21 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
         GpuSource::Workers => worker_cluster(&store.worker_gpus().await?)?,
     };
     let restored = restore(&store, cluster, config, clock.now()).await?;
-    let (events, _) = broadcast::channel(1024);
+    let notices = Arc::new(Notices::default());
     let settings = ArbiterSettings {
         round_deadline: config.round_deadline(),
         revocation_grace: config.revocation_grace(),
         tick: config.tick(),
         heartbeat_interval: config.heartbeat_interval(),
     };
-    let arbiter = Arbiter::new(restored, store.clone(), clock, settings, events.clone()).start();
+    let arbiter = Arbiter::new(restored, store.clone(), clock, settings, notices.clone()).start();
     let state = ApiState {
         store: store.clone(),
         arbiter: arbiter.clone(),
         admin_token_sha256: config.admin_token.as_deref().map(api::token_sha256),
         worker_token_sha256: config.accepted_worker_token().map(api::token_sha256),
-        events,
+        notices,
+        owners: Arc::default(),
     };
     let http = HttpServer::new(move || {
         HttpApp::new()

@@ -131,6 +131,99 @@ async fn full_flow_register_offer_bid_lease_expiry_reauction_finish_and_audit() 
     service.running.stop().await;
 }
 
+/// The next offer for `app` in a round after `after_round`.
+async fn next_offer(service: &support::Service, token: &str, app: i64, after_round: i64) -> Value {
+    let mut after = 0;
+    for _ in 0..20 {
+        for event in service.events(token, app, after).await {
+            after = event["id"].as_i64().expect("id");
+            if event["kind"] == "offer" && event["payload"]["round"].as_i64() > Some(after_round) {
+                return event["payload"].clone();
+            }
+        }
+    }
+    panic!("no offer for app {app} after round {after_round}");
+}
+
+#[actix_web::test]
+async fn racing_bids_store_one_and_a_key_identifies_a_bid_within_its_round() {
+    let database = fresh_database().await;
+    let service = serve(&config(&database), start_clock()).await;
+    let vision = service.tenant("vision").await;
+    let tuner = service
+        .register(&vision, "tuner", "explicit", 2, 1_000)
+        .await;
+
+    // Two different bids at once: the arbiter counts one, stores one, refuses the other.
+    let offer = service.wait_for(&vision, tuner, "offer").await;
+    let first_round = offer["round"].as_i64().expect("round");
+    let path = format!("/v1/rounds/{first_round}/bids");
+    let (one, two) = tokio::join!(
+        service.call_with(
+            "POST",
+            &path,
+            &vision,
+            Some(bid_for(tuner, &offer, 2)),
+            &[("idempotency-key", "sweep")]
+        ),
+        service.call_with(
+            "POST",
+            &path,
+            &vision,
+            Some(bid_for(tuner, &offer, 1)),
+            &[("idempotency-key", "other")]
+        ),
+    );
+    let mut statuses = [one.0, two.0];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [201, 409], "{} / {}", one.1, two.1);
+    let stored: Vec<(i64, Option<String>)> =
+        sqlx::query_as("SELECT round_id, idempotency_key FROM bids WHERE app_id = $1")
+            .bind(tuner)
+            .fetch_all(service.running.store.pool())
+            .await
+            .expect("bids");
+    let winner = if one.0 == 201 { "sweep" } else { "other" };
+    assert_eq!(stored, vec![(first_round, Some(winner.to_owned()))]);
+
+    // Once the lease ends, the next round's bid may use the same key: it is a new bid.
+    service
+        .wait_for_leases(&vision, tuner, |leases| active(leases).len() == 1)
+        .await;
+    service.clock.advance(Duration::from_secs(61));
+    let offer = next_offer(&service, &vision, tuner, first_round).await;
+    let second_round = offer["round"].as_i64().expect("round");
+    let (status, second) = service
+        .call_with(
+            "POST",
+            &format!("/v1/rounds/{second_round}/bids"),
+            &vision,
+            Some(bid_for(tuner, &offer, 1)),
+            &[("idempotency-key", winner)],
+        )
+        .await;
+    assert_eq!(
+        (status, second["replayed"].clone()),
+        (201, json!(false)),
+        "{second}"
+    );
+    assert_eq!(second["round"], second_round);
+    let (status, retry) = service
+        .call_with(
+            "POST",
+            &path,
+            &vision,
+            Some(bid_for(tuner, &offer, 1)),
+            &[("idempotency-key", winner)],
+        )
+        .await;
+    assert_eq!(
+        status, 200,
+        "a retry for the closed first round is a replay: {retry}"
+    );
+    assert_ne!(retry["bid_id"], second["bid_id"]);
+}
+
 #[actix_web::test]
 async fn bad_input_is_refused_and_nothing_is_stored_and_tenants_are_isolated() {
     let database = fresh_database().await;

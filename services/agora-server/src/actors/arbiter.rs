@@ -15,7 +15,6 @@ use agora_market::market::{Market, RoundOffer, Withdrawal};
 use agora_market::time::Timestamp;
 use agora_market::topology::{GpuId, GpuIndex};
 use agora_protocol::Enforcement;
-use tokio::sync::broadcast;
 use tracing::Instrument;
 
 use super::agent::{AgentBid, AppAgent, BidRequest, Bidding};
@@ -25,7 +24,8 @@ use super::records;
 use super::ArbiterError;
 use crate::clock::Clock;
 use crate::metrics::metrics;
-use crate::store::{app_key, Commit, Store};
+use crate::notices::Notices;
+use crate::store::{app_id, app_key, BidWriter, Commit, Store, UnstoredBid};
 use crate::telemetry::RoundTrace;
 
 /// A registered app as the arbiter knows it (the engine holds its jobs).
@@ -64,7 +64,7 @@ pub(super) struct PendingRound {
     pub seed: u64,
     pub deadline: Timestamp,
     pub offer: RoundOffer,
-    /// Bids posted by frameworks (already stored).
+    /// Bids posted by frameworks (stored, or queued in the bid writer).
     pub framework_bids: BTreeMap<AppId, AppBid>,
     /// Bids of the agents: final for agent-bidding apps, fallbacks for explicit ones.
     pub agent_bids: BTreeMap<AppId, AppBid>,
@@ -72,6 +72,12 @@ pub(super) struct PendingRound {
 }
 
 impl PendingRound {
+    fn forget(&mut self, bids: &[UnstoredBid]) {
+        for bid in bids.iter().filter(|bid| bid.round == self.id) {
+            self.framework_bids.remove(&app_id(bid.app));
+        }
+    }
+
     /// Every bidder has its final bid: no need to wait for the deadline.
     fn complete(&self, members: &HashMap<AppId, Member>) -> bool {
         self.offer.bidders.iter().all(|app| {
@@ -100,6 +106,8 @@ pub type Reply<T> = ResponseActFuture<Arbiter, Result<T, ArbiterError>>;
 pub struct Arbiter {
     pub(super) market: Market,
     pub(super) store: Store,
+    /// Stores framework bids outside the mailbox, many per commit.
+    pub(super) bids: BidWriter,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) settings: ArbiterSettings,
     pub(super) members: HashMap<AppId, Member>,
@@ -115,7 +123,7 @@ pub struct Arbiter {
     pub(super) gpus: Vec<Addr<GpuWorker>>,
     /// When each registered host last registered or heartbeat.
     pub(super) last_seen: BTreeMap<String, Timestamp>,
-    pub(super) events: broadcast::Sender<i64>,
+    pub(super) notices: Arc<Notices>,
     /// Restored from the database, waiting for the actors to start.
     restored_members: Vec<(AppId, i64, Bidding, Enforcement)>,
     restored_round: Option<Box<PendingRound>>,
@@ -146,7 +154,7 @@ impl Arbiter {
         store: Store,
         clock: Arc<dyn Clock>,
         settings: ArbiterSettings,
-        events: broadcast::Sender<i64>,
+        notices: Arc<Notices>,
     ) -> Self {
         let restored_round = restored.round.map(|round| {
             Box::new(PendingRound {
@@ -164,6 +172,7 @@ impl Arbiter {
         });
         Self {
             market: restored.market,
+            bids: BidWriter::spawn(store.clone()),
             store,
             clock,
             settings,
@@ -176,7 +185,7 @@ impl Arbiter {
             timers: None,
             gpus: Vec::new(),
             last_seen: BTreeMap::new(),
-            events,
+            notices,
             restored_members: restored.members,
             restored_round,
         }
@@ -251,8 +260,7 @@ impl Arbiter {
         metrics().observe_capacity(&self.market);
         let told: BTreeSet<i64> = commit.events.iter().map(|event| event.app).collect();
         for app in told {
-            // No subscriber is not an error: the events are in the database for later.
-            let _ = self.events.send(app);
+            self.notices.announce(app);
         }
         for granted in &commit.granted {
             self.schedule(granted.end, Timer::LeaseEnd);
@@ -384,15 +392,34 @@ impl Arbiter {
         if !due {
             return;
         }
-        let RoundState::Open(round) = std::mem::replace(&mut self.round, RoundState::Closing)
+        let RoundState::Open(mut round) = std::mem::replace(&mut self.round, RoundState::Closing)
         else {
             return;
         };
-        let round_span = round.trace.span.clone();
-        let _round = round_span.enter();
-        let reply = self.close_round(*round);
+        // Every bid the round counts must be in the database before its outcome is.
+        let writer = self.bids.clone();
+        let reply: Reply<()> = Box::pin(async move { writer.flush().await }.into_actor(self).then(
+            move |unstored, arbiter, _| -> Reply<()> {
+                let round_span = round.trace.span.clone();
+                let _round = round_span.enter();
+                match unstored {
+                    Ok(unstored) => {
+                        round.forget(&unstored);
+                        arbiter.close_round(*round)
+                    }
+                    Err(error) => Box::pin(actix::fut::ready(Err(error.into()))),
+                }
+            },
+        ));
         let reply = self.recover_round_on_error(reply);
         self.run_internal(reply, ctx);
+    }
+
+    /// Bids that were counted but not stored no longer count.
+    pub(super) fn forget_bids(&mut self, bids: &[UnstoredBid]) {
+        if let RoundState::Open(round) = &mut self.round {
+            round.forget(bids);
+        }
     }
 
     fn close_round(&mut self, round: PendingRound) -> Reply<()> {

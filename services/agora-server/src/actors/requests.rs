@@ -11,6 +11,7 @@ use agora_market::time::Timestamp;
 use agora_market::topology::GpuIndex;
 use agora_protocol::Enforcement;
 use serde::Serialize;
+use tracing::Instrument;
 use utoipa::ToSchema;
 
 use super::agent::Bidding;
@@ -19,7 +20,9 @@ use super::lease_manager::Timer;
 use super::records;
 use super::ArbiterError;
 use crate::clock::to_datetime;
-use crate::store::{app_id, app_key, BidInsert, Commit, NewApp, ProgressSample, StoreError};
+use crate::store::{
+    app_id, app_key, BidInsert, Commit, NewApp, NewBid, ProgressSample, StoreError, UnstoredBid,
+};
 
 fn refuse<T: 'static>(error: ArbiterError) -> Reply<T> {
     Box::pin(actix::fut::ready(Err(error)))
@@ -315,89 +318,102 @@ pub struct SubmitBid {
 }
 
 impl Handler<SubmitBid> for Arbiter {
-    type Result = AtomicResponse<Self, Result<BidAck, ArbiterError>>;
+    type Result = ResponseFuture<Result<BidAck, ArbiterError>>;
 
-    fn handle(&mut self, request: SubmitBid, _: &mut Self::Context) -> Self::Result {
-        let _span = request.span.clone().entered();
-        AtomicResponse::new(self.submit_bid(request))
+    /// The bid is checked and counted here, with the mailbox held; storing it happens outside
+    /// the mailbox, in the bid writer, which commits many bids at once. A round closes only
+    /// after the writer has flushed its bids.
+    fn handle(&mut self, request: SubmitBid, ctx: &mut Self::Context) -> Self::Result {
+        let span = request.span.clone();
+        let _span = span.clone().entered();
+        let (round, writer) = (request.round, self.bids.clone());
+        let accepted = app_key(&request.bid.app)
+            .map_err(|_| ArbiterError::AppNotActive(-1))
+            .and_then(|app| self.check_bid(&request, app).map(|()| app));
+        let app = match accepted {
+            Ok(app) => app,
+            // A retry (the app's bid in this round has the same `Idempotency-Key`) gets the
+            // first answer, even after the round closed; the writer sees bids queued before it.
+            Err(refusal) => {
+                return Box::pin(
+                    async move {
+                        let (Some(key), Ok(app)) =
+                            (request.idempotency_key, app_key(&request.bid.app))
+                        else {
+                            return Err(refusal);
+                        };
+                        match writer.bid_with_key(round, app, key).await? {
+                            Some(bid_id) => Ok(BidAck::replayed(bid_id, round)),
+                            None => Err(refusal),
+                        }
+                    }
+                    .instrument(span),
+                )
+            }
+        };
+        if let RoundState::Open(pending) = &mut self.round {
+            pending
+                .framework_bids
+                .insert(request.bid.app.clone(), request.bid.clone());
+        }
+        crate::metrics::metrics().bid_received("framework");
+        let arbiter = ctx.address();
+        // Queued before the round can close: the close's flush waits for it.
+        let stored = writer.insert(NewBid {
+            round,
+            app,
+            bid: request.bid,
+            idempotency_key: request.idempotency_key,
+            received_at: self.now(),
+        });
+        self.close_round_if_due(ctx);
+        Box::pin(
+            async move {
+                let stored = stored.await;
+                if !matches!(stored, Ok(BidInsert::Stored(_))) {
+                    arbiter.do_send(ForgetBid(UnstoredBid { round, app }));
+                }
+                match stored? {
+                    BidInsert::Stored(bid_id) => Ok(BidAck {
+                        bid_id,
+                        round,
+                        replayed: false,
+                    }),
+                    BidInsert::Replayed(bid_id) => Ok(BidAck::replayed(bid_id, round)),
+                    BidInsert::AlreadyBid => Err(ArbiterError::AlreadyBid { app, round }),
+                }
+            }
+            .instrument(tracing::info_span!(parent: &span, "persistence")),
+        )
+    }
+}
+
+impl BidAck {
+    fn replayed(bid_id: i64, round: i64) -> Self {
+        Self {
+            bid_id,
+            round,
+            replayed: true,
+        }
+    }
+}
+
+/// A bid the arbiter counted was not stored (the database failed): it must not count, so the
+/// app may bid again.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct ForgetBid(UnstoredBid);
+
+impl Handler<ForgetBid> for Arbiter {
+    type Result = ();
+
+    fn handle(&mut self, ForgetBid(bid): ForgetBid, _: &mut Self::Context) {
+        self.forget_bids(&[bid]);
     }
 }
 
 impl Arbiter {
-    /// A retry with a known `Idempotency-Key` gets the first answer, even after the round
-    /// closed; anything else is checked and stored.
-    fn submit_bid(&mut self, request: SubmitBid) -> Reply<BidAck> {
-        let (Some(key), Ok(app)) = (request.idempotency_key.clone(), app_key(&request.bid.app))
-        else {
-            return self.accept_bid(request);
-        };
-        let store = self.store.clone();
-        Box::pin(
-            async move { store.bid_with_key(app, &key).await }
-                .into_actor(self)
-                .then(move |found, arbiter, _| match found {
-                    Ok(Some(bid_id)) => Box::pin(actix::fut::ready(Ok(BidAck {
-                        bid_id,
-                        round: request.round,
-                        replayed: true,
-                    }))),
-                    Ok(None) => arbiter.accept_bid(request),
-                    Err(error) => refuse(error.into()),
-                }),
-        )
-    }
-
-    fn accept_bid(&mut self, request: SubmitBid) -> Reply<BidAck> {
-        let app = match app_key(&request.bid.app) {
-            Ok(app) => app,
-            Err(_) => return refuse(ArbiterError::AppNotActive(-1)),
-        };
-        if let Err(error) = self.check_bid(&request, app) {
-            return refuse(error);
-        }
-        let store = self.store.clone();
-        let now = self.now();
-        let round = request.round;
-        let bid = request.bid;
-        let key = request.idempotency_key;
-        Box::pin(
-            async move {
-                let stored = store
-                    .insert_framework_bid(round, app, &bid, key.as_deref(), now)
-                    .await?;
-                Ok((stored, bid))
-            }
-            .into_actor(self)
-            .map(move |result: Result<_, ArbiterError>, arbiter, ctx| {
-                let (stored, bid) = result?;
-                let bid_id = match stored {
-                    BidInsert::Stored(id) => id,
-                    BidInsert::Replayed(id) => {
-                        return Ok(BidAck {
-                            bid_id: id,
-                            round,
-                            replayed: true,
-                        })
-                    }
-                    BidInsert::AlreadyBid(_) => {
-                        return Err(ArbiterError::AlreadyBid { app, round })
-                    }
-                };
-                crate::metrics::metrics().bid_received("framework");
-                if let RoundState::Open(pending) = &mut arbiter.round {
-                    pending.framework_bids.insert(bid.app.clone(), bid);
-                }
-                arbiter.close_round_if_due(ctx);
-                Ok(BidAck {
-                    bid_id,
-                    round,
-                    replayed: false,
-                })
-            }),
-        )
-    }
-
-    /// Everything that can be checked before the bid is stored.
+    /// Everything that can be checked before the bid is counted.
     fn check_bid(&self, request: &SubmitBid, app: i64) -> Result<(), ArbiterError> {
         self.authorize(request.tenant, app)?;
         let RoundState::Open(pending) = &self.round else {
@@ -408,6 +424,12 @@ impl Arbiter {
         }
         if self.now() > pending.deadline {
             return Err(ArbiterError::RoundClosed(request.round));
+        }
+        if pending.framework_bids.contains_key(&request.bid.app) {
+            return Err(ArbiterError::AlreadyBid {
+                app,
+                round: request.round,
+            });
         }
         if !pending.offer.bidders.contains(&request.bid.app) {
             return Err(ArbiterError::NotABidder {

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::problem::{ApiError, Problem};
-use super::{authorized_app, ApiState, Caller};
+use super::{authorized_app, owned_app, ApiState, Caller};
 use crate::actors::agent::Bidding;
 use crate::actors::requests::{
     AppStanding, FinishApp, ProgressAck, RegisterApp, ReportProgress, StandingOf,
@@ -125,7 +125,7 @@ pub async fn report_progress(
     app: web::Path<i64>,
     body: web::Json<ProgressBody>,
 ) -> Result<HttpResponse, ApiError> {
-    authorized_app(&state, caller, *app).await?;
+    owned_app(&state, caller, *app).await?;
     let ack = state
         .arbiter
         .send(ReportProgress {
@@ -147,7 +147,7 @@ pub async fn finish_app(
     caller: Caller,
     app: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
-    authorized_app(&state, caller, *app).await?;
+    owned_app(&state, caller, *app).await?;
     state
         .arbiter
         .send(FinishApp {
@@ -168,7 +168,7 @@ pub async fn app_leases(
     caller: Caller,
     app: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
-    authorized_app(&state, caller, *app).await?;
+    owned_app(&state, caller, *app).await?;
     Ok(HttpResponse::Ok().json(state.store.leases_of(*app).await?))
 }
 

@@ -15,7 +15,7 @@ use tokio::sync::broadcast::{self, error::RecvError};
 use utoipa::{IntoParams, ToSchema};
 
 use super::problem::{ApiError, Problem};
-use super::{authorized_app, ApiState, Caller};
+use super::{owned_app, ApiState, Caller};
 use crate::store::{
     AppRound, FairnessApp, FairnessInputs, GpuCounts, RhoPoint, RoundSummary, Store, TimelineLease,
     VisibleApp,
@@ -97,7 +97,7 @@ pub async fn rho_history(
     app: web::Path<i64>,
     query: web::Query<HistoryQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let app = authorized_app(&state, caller, *app).await?.id;
+    let app = owned_app(&state, caller, *app).await?;
     let limit = query.limit.unwrap_or(500).clamp(1, 5000);
     Ok(HttpResponse::Ok().json(state.store.rho_history(app, limit).await?))
 }
@@ -123,7 +123,7 @@ pub async fn app_rounds(
     app: web::Path<i64>,
     query: web::Query<AppRoundsQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let app = authorized_app(&state, caller, *app).await?.id;
+    let app = owned_app(&state, caller, *app).await?;
     let limit = query.limit.unwrap_or(50).clamp(1, 500);
     Ok(HttpResponse::Ok().json(state.store.app_rounds(app, query.before, limit).await?))
 }
@@ -241,7 +241,7 @@ pub async fn round_events(
         .and_then(|value| value.trim().parse().ok());
     let follower = RoundFollower {
         store: state.store.clone(),
-        notices: state.events.subscribe(),
+        notices: state.notices.subscribe_all(),
         after: last_event_id.or(query.after).unwrap_or(0),
     };
     let chunks = streams::unfold(follower, |mut follower| async move {

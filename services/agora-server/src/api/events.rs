@@ -8,11 +8,11 @@ use actix_web::web::Bytes;
 use actix_web::{get, web, HttpRequest, HttpResponse};
 use futures_util::stream as streams;
 use serde::{Deserialize, Serialize};
-use tokio::sync::broadcast;
+use tokio::sync::watch;
 use utoipa::{IntoParams, ToSchema};
 
 use super::problem::ApiError;
-use super::{authorized_app, ApiState, Caller};
+use super::{owned_app, ApiState, Caller};
 use crate::store::{AppEventRow, Store};
 
 const PAGE: i64 = 100;
@@ -39,7 +39,7 @@ pub async fn stream(
     query: web::Query<StreamQuery>,
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let app = authorized_app(&state, caller, *app).await?.id;
+    let app = owned_app(&state, caller, *app).await?;
     let last_event_id = request
         .headers()
         .get("last-event-id")
@@ -48,7 +48,7 @@ pub async fn stream(
     let after = last_event_id.or(query.after).unwrap_or(0);
     let follower = Follower {
         store: state.store.clone(),
-        notices: state.events.subscribe(),
+        notices: state.notices.follow(app),
         app,
         after,
     };
@@ -89,12 +89,12 @@ pub async fn poll(
     app: web::Path<i64>,
     query: web::Query<PollQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let app = authorized_app(&state, caller, *app).await?.id;
+    let app = owned_app(&state, caller, *app).await?;
     let after = query.after.unwrap_or(0);
     let timeout = Duration::from_millis(query.timeout_ms.unwrap_or(25_000).min(60_000));
     let mut follower = Follower {
         store: state.store.clone(),
-        notices: state.events.subscribe(),
+        notices: state.notices.follow(app),
         app,
         after,
     };
@@ -108,14 +108,14 @@ pub async fn poll(
 /// Follows one app's events: reads the table, and waits on the arbiter's notices in between.
 struct Follower {
     store: Store,
-    notices: broadcast::Receiver<i64>,
+    notices: watch::Receiver<()>,
     app: i64,
     after: i64,
 }
 
 impl Follower {
-    /// Events after the cursor, waiting up to `timeout` for the first. The subscription is
-    /// taken before the read, so an event committed in between still wakes the wait.
+    /// Events after the cursor, waiting up to `timeout` for the first. The follower was
+    /// subscribed before the first read, so an event committed in between still wakes the wait.
     async fn wait_for_events(&mut self, timeout: Duration) -> Result<Vec<AppEventRow>, ApiError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -132,12 +132,13 @@ impl Follower {
 
     /// False when the deadline passed without a notice for this app.
     async fn wait_for_notice(&mut self, deadline: tokio::time::Instant) -> bool {
-        loop {
-            match tokio::time::timeout_at(deadline, self.notices.recv()).await {
-                Err(_) => return false,
-                Ok(Ok(app)) if app != self.app => continue,
-                // For us, or notices were dropped (lagging): read the table again either way.
-                Ok(_) => return true,
+        match tokio::time::timeout_at(deadline, self.notices.changed()).await {
+            Ok(Ok(())) => true,
+            Err(_) => false,
+            // The announcer is gone (the service is stopping): nothing more will come.
+            Ok(Err(_)) => {
+                tokio::time::sleep_until(deadline).await;
+                false
             }
         }
     }

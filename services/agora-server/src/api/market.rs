@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::problem::{ApiError, Problem};
-use super::{authorized_app, ApiState, Caller};
+use super::{owned_app, ApiState, Caller};
 use crate::actors::requests::{BidAck, DrainAck, ReleaseLease, SetGpuService, SubmitBid};
 use crate::store::{GpuView, RoundDetail, RoundSummary};
 
@@ -119,8 +119,8 @@ impl BidBody {
     }
 }
 
-/// Bid for an offer. Send an `Idempotency-Key` header to make retries safe: a repeated key
-/// returns the first answer and stores nothing.
+/// Bid for an offer. Send an `Idempotency-Key` header to make retries safe: a key the app's
+/// bid in this round already has returns the first answer and stores nothing.
 #[utoipa::path(post, path = "/v1/rounds/{round}/bids", params(("round" = i64, Path),
     ("Idempotency-Key" = Option<String>, Header)), request_body = BidBody,
     responses((status = 201, body = BidAck), (status = 200, body = BidAck, description = "a retry"),
@@ -134,7 +134,7 @@ pub async fn submit_bid(
     body: web::Json<BidBody>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
-    authorized_app(&state, caller, body.app).await?;
+    owned_app(&state, caller, body.app).await?;
     let idempotency_key = request
         .headers()
         .get("idempotency-key")

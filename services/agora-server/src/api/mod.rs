@@ -9,19 +9,21 @@ mod metrics;
 pub mod problem;
 mod workers;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, RwLock};
 
 use actix::Addr;
 use actix_web::dev::Payload;
 use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
 use actix_web::{web, FromRequest, HttpRequest, HttpResponse};
 use sha2::{Digest, Sha256};
-use tokio::sync::broadcast;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::actors::arbiter::Arbiter;
+use crate::notices::Notices;
 use crate::store::{AppRow, Store};
 use problem::ApiError;
 
@@ -33,8 +35,53 @@ pub struct ApiState {
     pub admin_token_sha256: Option<[u8; 32]>,
     /// The worker token GPU hosts present; `None` with a simulated fleet (no hosts).
     pub worker_token_sha256: Option<[u8; 32]>,
-    /// App ids that have new events (see `app_events`).
-    pub events: broadcast::Sender<i64>,
+    /// Which apps have new events (see `app_events`).
+    pub notices: Arc<Notices>,
+    /// Token and app owners already looked up.
+    pub owners: Arc<Owners>,
+}
+
+/// Owners already looked up, so that a busy framework's requests do not each cost two queries.
+/// Tokens are never revoked and an app never changes tenant, so an answer found in the
+/// database stays true; only such answers are kept, so the maps are bounded by the tables.
+#[derive(Debug, Default)]
+pub struct Owners {
+    tokens: RwLock<HashMap<[u8; 32], i64>>,
+    apps: RwLock<HashMap<i64, i64>>,
+}
+
+impl Owners {
+    async fn tenant_for_token(
+        &self,
+        store: &Store,
+        hash: [u8; 32],
+    ) -> Result<Option<i64>, ApiError> {
+        if let Some(&tenant) = read(&self.tokens).get(&hash) {
+            return Ok(Some(tenant));
+        }
+        let tenant = store.tenant_for_token(&hash).await?;
+        if let Some(tenant) = tenant {
+            write(&self.tokens).insert(hash, tenant);
+        }
+        Ok(tenant)
+    }
+
+    fn remember_app(&self, app: i64, tenant: i64) {
+        write(&self.apps).insert(app, tenant);
+    }
+
+    fn app_owner(&self, app: i64) -> Option<i64> {
+        read(&self.apps).get(&app).copied()
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Who is calling: a tenant, or the admin.
@@ -91,7 +138,7 @@ impl FromRequest for Caller {
             if state.admin_token_sha256 == Some(hash) {
                 return Ok(Self::Admin);
             }
-            match state.store.tenant_for_token(&hash).await? {
+            match state.owners.tenant_for_token(&state.store, hash).await? {
                 Some(tenant) => Ok(Self::Tenant(tenant)),
                 None => Err(ApiError::unauthorized()),
             }
@@ -105,14 +152,32 @@ async fn authorized_app(state: &ApiState, caller: Caller, app: i64) -> Result<Ap
         .store
         .app(app)
         .await?
-        .ok_or_else(|| ApiError::not_found(format!("app {app} does not exist")))?;
+        .ok_or_else(|| no_such_app(app))?;
+    state.owners.remember_app(app, row.tenant_id);
+    check_owner(caller, app, row.tenant_id)?;
+    Ok(row)
+}
+
+/// `app`, if it exists and `caller` may act for it; answered from memory once seen.
+async fn owned_app(state: &ApiState, caller: Caller, app: i64) -> Result<i64, ApiError> {
+    match state.owners.app_owner(app) {
+        Some(owner) => check_owner(caller, app, owner).map(|()| app),
+        None => authorized_app(state, caller, app).await.map(|row| row.id),
+    }
+}
+
+fn no_such_app(app: i64) -> ApiError {
+    ApiError::not_found(format!("app {app} does not exist"))
+}
+
+fn check_owner(caller: Caller, app: i64, owner: i64) -> Result<(), ApiError> {
     match caller.tenant() {
-        Some(tenant) if tenant != row.tenant_id => Err(ApiError::new(
+        Some(tenant) if tenant != owner => Err(ApiError::new(
             actix_web::http::StatusCode::FORBIDDEN,
             "foreign_app",
             format!("app {app} belongs to another tenant"),
         )),
-        _ => Ok(row),
+        _ => Ok(()),
     }
 }
 

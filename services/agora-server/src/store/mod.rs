@@ -6,11 +6,13 @@
 //! at all. The exclusion constraint on `lease_gpus` is the last line of defence against a GPU
 //! leased twice.
 
+mod bids;
 mod dashboard;
 mod reads;
 mod workers;
 mod writes;
 
+pub use bids::*;
 pub use dashboard::*;
 pub use reads::*;
 pub use workers::*;
@@ -36,6 +38,10 @@ pub enum StoreError {
     GpuDoubleLeased { gpu: String },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    #[error("database error while storing a batch of bids: {0}")]
+    Batch(std::sync::Arc<StoreError>),
+    #[error("the bid writer has stopped (the service is shutting down)")]
+    WriterStopped,
     #[error("stored data is not valid: {0}")]
     Corrupt(String),
 }

@@ -1,5 +1,6 @@
 //! Writes: the arbiter's [`Commit`] (one transaction per decision) and the few inserts that
-//! happen outside rounds (tenants, tokens, apps, framework bids, the fleet).
+//! happen outside rounds (tenants, tokens, apps, the fleet). Framework bids have their own
+//! writer (`bids.rs`).
 
 use agora_market::auction::AppBid;
 use agora_market::lease::LeaseState;
@@ -8,26 +9,9 @@ use agora_market::topology::Cluster;
 use serde_json::Value;
 use sqlx::{Postgres, Transaction};
 
+use super::bids::{insert_bids, BidSource, NewBid};
 use super::{Store, StoreError};
 use crate::clock::to_datetime;
-
-/// Who computed a bid.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BidSource {
-    /// Posted by the app's HPO framework over HTTP.
-    Framework,
-    /// Computed by the arbiter's agent from the app's reported progress.
-    Agent,
-}
-
-impl BidSource {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Framework => "framework",
-            Self::Agent => "agent",
-        }
-    }
-}
 
 /// A lease as stored: GPU ids instead of engine indices.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,16 +109,6 @@ pub struct Commit {
     pub workers: super::WorkerChanges,
 }
 
-/// A framework's bid, stored when it is acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BidInsert {
-    Stored(i64),
-    /// The same `Idempotency-Key` was seen before: the earlier bid stands.
-    Replayed(i64),
-    /// The app already bid in this round (with another key or none).
-    AlreadyBid(i64),
-}
-
 impl Store {
     /// Writes `commit` atomically. `now` stamps the lease events and app events.
     pub async fn commit(&self, commit: &Commit, now: Timestamp) -> Result<(), StoreError> {
@@ -195,56 +169,6 @@ impl Store {
         }
         tx.commit().await?;
         Ok(id)
-    }
-
-    /// Stores a framework's bid for an open round, honouring `Idempotency-Key`.
-    pub async fn insert_framework_bid(
-        &self,
-        round: i64,
-        app: i64,
-        bid: &AppBid,
-        idempotency_key: Option<&str>,
-        now: Timestamp,
-    ) -> Result<BidInsert, StoreError> {
-        if let Some(key) = idempotency_key {
-            if let Some(id) = self.bid_with_key(app, key).await? {
-                return Ok(BidInsert::Replayed(id));
-            }
-        }
-        let existing = sqlx::query_scalar!(
-            "SELECT id FROM bids WHERE round_id = $1 AND app_id = $2",
-            round,
-            app
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        if let Some(id) = existing {
-            return Ok(BidInsert::AlreadyBid(id));
-        }
-        let mut tx = self.pool.begin().await?;
-        let id = insert_bid(
-            &mut tx,
-            round,
-            app,
-            bid,
-            BidSource::Framework,
-            idempotency_key,
-            now,
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(BidInsert::Stored(id))
-    }
-
-    /// The bid `app` posted with `Idempotency-Key` `key`, if any.
-    pub async fn bid_with_key(&self, app: i64, key: &str) -> Result<Option<i64>, StoreError> {
-        Ok(sqlx::query_scalar!(
-            "SELECT id FROM bids WHERE app_id = $1 AND idempotency_key = $2",
-            app,
-            key
-        )
-        .fetch_optional(&self.pool)
-        .await?)
     }
 
     /// Records the simulated fleet's machines and GPUs (idempotent; health is kept).
@@ -347,17 +271,25 @@ async fn write_commit(
             .execute(&mut **tx)
             .await?;
     }
-    for event in &commit.events {
-        sqlx::query!(
-            "INSERT INTO app_events (app_id, at, kind, payload) VALUES ($1, $2, $3, $4)",
-            event.app,
-            to_datetime(now),
-            event.kind,
-            event.payload
-        )
-        .execute(&mut **tx)
-        .await?;
-    }
+    let apps: Vec<i64> = commit.events.iter().map(|event| event.app).collect();
+    let kinds: Vec<&str> = commit.events.iter().map(|event| event.kind).collect();
+    let payloads: Vec<Value> = commit
+        .events
+        .iter()
+        .map(|event| event.payload.clone())
+        .collect();
+    sqlx::query!(
+        "INSERT INTO app_events (app_id, at, kind, payload)
+         SELECT app_id, $2, kind, payload FROM unnest($1::bigint[], $3::text[], $4::jsonb[])
+              WITH ORDINALITY AS event (app_id, kind, payload, position)
+         ORDER BY position",
+        &apps,
+        to_datetime(now),
+        &kinds as &[&str],
+        &payloads
+    )
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
@@ -382,20 +314,25 @@ async fn write_opened_round(
     )
     .execute(&mut **tx)
     .await?;
-    for (position, standing) in round.standing_rows.iter().enumerate() {
-        sqlx::query!(
-            "INSERT INTO round_standings (round_id, position, app_id, rho, unmet_demand, bidder)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-            round.id,
-            position as i32,
-            standing.app,
-            standing.rho,
-            standing.unmet_demand,
-            standing.bidder
-        )
-        .execute(&mut **tx)
-        .await?;
-    }
+    // One statement for every active app's standing: a round opening is on the critical path.
+    let rows = &round.standing_rows;
+    let positions: Vec<i32> = (0..rows.len() as i32).collect();
+    let apps: Vec<i64> = rows.iter().map(|row| row.app).collect();
+    let rhos: Vec<Option<f64>> = rows.iter().map(|row| row.rho).collect();
+    let unmet: Vec<i32> = rows.iter().map(|row| row.unmet_demand).collect();
+    let bidders: Vec<bool> = rows.iter().map(|row| row.bidder).collect();
+    sqlx::query!(
+        "INSERT INTO round_standings (round_id, position, app_id, rho, unmet_demand, bidder)
+         SELECT $1, * FROM unnest($2::int[], $3::bigint[], $4::float8[], $5::int[], $6::bool[])",
+        round.id,
+        &positions,
+        &apps,
+        &rhos as &[Option<f64>],
+        &unmet,
+        &bidders
+    )
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
@@ -413,17 +350,24 @@ async fn write_closed_round(
     )
     .execute(&mut **tx)
     .await?;
-    for (app, bid) in &round.agent_bids {
-        insert_bid(
-            tx,
-            round.id,
-            *app,
-            bid,
-            BidSource::Agent,
-            None,
-            round.closed_at,
-        )
-        .await?;
+    let agent_bids: Vec<NewBid> = round
+        .agent_bids
+        .iter()
+        .map(|(app, bid)| NewBid {
+            round: round.id,
+            app: *app,
+            bid: bid.clone(),
+            idempotency_key: None,
+            received_at: round.closed_at,
+        })
+        .collect();
+    let stored = insert_bids(tx, &agent_bids.iter().collect::<Vec<_>>(), BidSource::Agent).await?;
+    if stored.contains(&None) {
+        // The arbiter uses an agent's bid only for an app without a bid of its own.
+        return Err(sqlx::Error::Protocol(format!(
+            "round {}: an app with an agent's bid already has a bid",
+            round.id
+        )));
     }
     for row in &round.allocations {
         sqlx::query!(
@@ -442,42 +386,6 @@ async fn write_closed_round(
         .await?;
     }
     Ok(())
-}
-
-async fn insert_bid(
-    tx: &mut Transaction<'_, Postgres>,
-    round: i64,
-    app: i64,
-    bid: &AppBid,
-    source: BidSource,
-    idempotency_key: Option<&str>,
-    now: Timestamp,
-) -> Result<i64, sqlx::Error> {
-    let id = sqlx::query_scalar!(
-        "INSERT INTO bids (round_id, app_id, source, rho_old, idempotency_key, received_at)
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
-        round,
-        app,
-        source.as_str(),
-        bid.rho_old.map(f64::from),
-        idempotency_key,
-        to_datetime(now)
-    )
-    .fetch_one(&mut **tx)
-    .await?;
-    for (entry, row) in bid.bids.iter().enumerate() {
-        let gpus: Vec<String> = row.gpus.iter().map(|gpu| gpu.0.clone()).collect();
-        sqlx::query!(
-            "INSERT INTO bid_entries (bid_id, entry, gpus, rho) VALUES ($1, $2, $3, $4)",
-            id,
-            entry as i32,
-            &gpus,
-            f64::from(row.rho)
-        )
-        .execute(&mut **tx)
-        .await?;
-    }
-    Ok(id)
 }
 
 async fn write_lease_grant(
