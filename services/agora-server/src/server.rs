@@ -19,6 +19,7 @@ use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, Gpu, GpuId, GpuIndex, GpuLocation};
 use agora_protocol::Enforcement;
 use anyhow::{anyhow, Context as _};
+use tokio::sync::oneshot;
 
 use crate::actors::agent::Bidding;
 use crate::actors::arbiter::{Arbiter, ArbiterSettings, ReopenedRound, Restored};
@@ -36,6 +37,7 @@ pub struct Running {
     pub http: ServerHandle,
     pub arbiter: Addr<Arbiter>,
     pub store: Store,
+    failure: oneshot::Receiver<String>,
 }
 
 impl Running {
@@ -43,6 +45,15 @@ impl Running {
     pub async fn stop(&self) {
         self.http.stop(true).await;
         self.arbiter.do_send(crate::actors::Shutdown);
+    }
+
+    /// Why the arbiter stopped on its own (a decision the database refused); never returns if
+    /// it does not.
+    pub async fn failed(&mut self) -> String {
+        match (&mut self.failure).await {
+            Ok(reason) => reason,
+            Err(_) => std::future::pending().await,
+        }
     }
 }
 
@@ -66,7 +77,9 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
         tick: config.tick(),
         heartbeat_interval: config.heartbeat_interval(),
     };
-    let arbiter = Arbiter::new(restored, store.clone(), clock, settings, notices.clone()).start();
+    let mut arbiter = Arbiter::new(restored, store.clone(), clock, settings, notices.clone());
+    let failure = arbiter.failure();
+    let arbiter = arbiter.start();
     let state = ApiState {
         store: store.clone(),
         arbiter: arbiter.clone(),
@@ -103,6 +116,7 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
         http: handle,
         arbiter,
         store,
+        failure,
     })
 }
 

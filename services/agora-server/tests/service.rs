@@ -225,6 +225,54 @@ async fn racing_bids_store_one_and_a_key_identifies_a_bid_within_its_round() {
 }
 
 #[actix_web::test]
+async fn a_decision_the_database_refuses_stops_the_arbiter_and_says_why() {
+    let database = fresh_database().await;
+    let mut service = serve(&config(&database), start_clock()).await;
+    let vision = service.tenant("vision").await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_rounds() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN RAISE EXCEPTION 'rounds are refused for this test'; END $$;
+         CREATE TRIGGER refuse_rounds BEFORE INSERT ON rounds
+           FOR EACH ROW EXECUTE FUNCTION refuse_rounds();",
+    )
+    .execute(service.running.store.pool())
+    .await
+    .expect("trigger");
+
+    // The app's arrival opens a round, which the arbiter applies and the database refuses.
+    let tuner = service
+        .register(&vision, "tuner", "explicit", 2, 1_000)
+        .await;
+    let reason = tokio::time::timeout(Duration::from_secs(5), service.running.failed())
+        .await
+        .expect("the arbiter stops");
+    assert!(
+        reason.contains("rounds are refused for this test"),
+        "{reason}"
+    );
+
+    // Nothing is decided any more: requests for the arbiter are refused, not lost.
+    let (status, problem) = service
+        .call(
+            "POST",
+            &format!("/v1/apps/{tuner}/progress"),
+            &vision,
+            Some(json!({ "jobs": [{ "job": "j0", "completed_iterations": 10 }] })),
+        )
+        .await;
+    assert_eq!(
+        (status, problem["code"].clone()),
+        (503, json!("arbiter_unavailable")),
+        "{problem}"
+    );
+    let rounds: i64 = sqlx::query_scalar("SELECT count(*) FROM rounds")
+        .fetch_one(service.running.store.pool())
+        .await
+        .expect("count");
+    assert_eq!(rounds, 0);
+}
+
+#[actix_web::test]
 async fn bad_input_is_refused_and_nothing_is_stored_and_tenants_are_isolated() {
     let database = fresh_database().await;
     let service = serve(&config(&database), start_clock()).await;

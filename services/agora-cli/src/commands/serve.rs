@@ -31,11 +31,20 @@ impl ServeArgs {
             agora_server::demo::adjust(&mut config);
         }
         actix_web::rt::System::new().block_on(async move {
-            let running = agora_server::server::start(&config, Arc::new(SystemClock)).await?;
+            let mut running = agora_server::server::start(&config, Arc::new(SystemClock)).await?;
             if self.demo {
                 agora_server::demo::start(&running, &config).await?;
             }
-            shutdown_signal().await?;
+            tokio::select! {
+                signal = shutdown_signal() => signal?,
+                reason = running.failed() => {
+                    running.stop().await;
+                    anyhow::bail!(
+                        "the arbiter stopped: {reason}. Check Postgres, then start `agora serve` \
+                         again: it restores its state from the database"
+                    );
+                }
+            }
             tracing::info!("shutting down: finishing requests in flight");
             running.stop().await;
             Ok(())

@@ -1,7 +1,12 @@
 //! `Arbiter`: owns the engine's state and runs live rounds. Every decision is staged on a copy
-//! of the engine, committed to Postgres in one transaction, and only then applied and told to
-//! anyone (agents, GPU workers, event streams). While a commit is in flight the arbiter's
-//! mailbox waits, so decisions never interleave.
+//! of the engine and applied at once, its [`Commit`] queued to the store's [`Writer`], which
+//! writes decisions in order, many per transaction. Whoever asked is answered, and anyone
+//! affected (event streams, GPU workers) is told, only once the decision is durable; the
+//! mailbox does not wait for the database, so the next decision is staged meanwhile.
+//!
+//! A decision the database refuses after it was applied leaves the arbiter ahead of the source
+//! of truth. The arbiter then stops (see [`Arbiter::lost_commit`]) and the service with it, so
+//! that a restart restores the state from Postgres.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -15,6 +20,7 @@ use agora_market::market::{Market, RoundOffer, Withdrawal};
 use agora_market::time::Timestamp;
 use agora_market::topology::{GpuId, GpuIndex};
 use agora_protocol::Enforcement;
+use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use super::agent::{AgentBid, AppAgent, BidRequest, Bidding};
@@ -25,7 +31,7 @@ use super::ArbiterError;
 use crate::clock::Clock;
 use crate::metrics::metrics;
 use crate::notices::Notices;
-use crate::store::{app_id, app_key, BidWriter, Commit, Store, UnstoredBid};
+use crate::store::{app_id, app_key, Commit, Store, StoreError, Writer};
 use crate::telemetry::RoundTrace;
 
 /// A registered app as the arbiter knows it (the engine holds its jobs).
@@ -51,11 +57,7 @@ pub(super) struct Notice {
 #[derive(Debug)]
 pub(super) enum RoundState {
     Idle,
-    /// Its opening is being committed.
-    Opening,
     Open(Box<PendingRound>),
-    /// Its outcome is being committed.
-    Closing,
 }
 
 #[derive(Debug)]
@@ -64,7 +66,7 @@ pub(super) struct PendingRound {
     pub seed: u64,
     pub deadline: Timestamp,
     pub offer: RoundOffer,
-    /// Bids posted by frameworks (stored, or queued in the bid writer).
+    /// Bids posted by frameworks (stored, or queued in the writer).
     pub framework_bids: BTreeMap<AppId, AppBid>,
     /// Bids of the agents: final for agent-bidding apps, fallbacks for explicit ones.
     pub agent_bids: BTreeMap<AppId, AppBid>,
@@ -72,12 +74,6 @@ pub(super) struct PendingRound {
 }
 
 impl PendingRound {
-    fn forget(&mut self, bids: &[UnstoredBid]) {
-        for bid in bids.iter().filter(|bid| bid.round == self.id) {
-            self.framework_bids.remove(&app_id(bid.app));
-        }
-    }
-
     /// Every bidder has its final bid: no need to wait for the deadline.
     fn complete(&self, members: &HashMap<AppId, Member>) -> bool {
         self.offer.bidders.iter().all(|app| {
@@ -106,16 +102,14 @@ pub type Reply<T> = ResponseActFuture<Arbiter, Result<T, ArbiterError>>;
 pub struct Arbiter {
     pub(super) market: Market,
     pub(super) store: Store,
-    /// Stores framework bids outside the mailbox, many per commit.
-    pub(super) bids: BidWriter,
+    /// Writes decisions and bids in order, many per transaction.
+    pub(super) writer: Writer,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) settings: ArbiterSettings,
     pub(super) members: HashMap<AppId, Member>,
     pub(super) round: RoundState,
     round_wanted: bool,
     pub(super) next_round: i64,
-    /// Rounds left `open` in the database by a failed close; abandoned by the next commit.
-    stale_rounds: Vec<i64>,
     /// GPUs whose lease has been given notice.
     pub(super) draining: BTreeMap<GpuIndex, Notice>,
     timers: Option<Addr<LeaseManager>>,
@@ -127,6 +121,8 @@ pub struct Arbiter {
     /// Restored from the database, waiting for the actors to start.
     restored_members: Vec<(AppId, i64, Bidding, Enforcement)>,
     restored_round: Option<Box<PendingRound>>,
+    /// Told why, if the arbiter stops because a decision was not committed.
+    failed: Option<oneshot::Sender<String>>,
 }
 
 /// A round that was open when the arbiter stopped, with the bids frameworks had posted.
@@ -172,7 +168,7 @@ impl Arbiter {
         });
         Self {
             market: restored.market,
-            bids: BidWriter::spawn(store.clone()),
+            writer: Writer::spawn(store.clone()),
             store,
             clock,
             settings,
@@ -180,7 +176,6 @@ impl Arbiter {
             round: RoundState::Idle,
             round_wanted: false,
             next_round: restored.next_round,
-            stale_rounds: Vec::new(),
             draining: BTreeMap::new(),
             timers: None,
             gpus: Vec::new(),
@@ -188,7 +183,15 @@ impl Arbiter {
             notices,
             restored_members: restored.members,
             restored_round,
+            failed: None,
         }
+    }
+
+    /// Answers with the reason if the arbiter stops because a decision was not committed.
+    pub fn failure(&mut self) -> oneshot::Receiver<String> {
+        let (failed, failure) = oneshot::channel();
+        self.failed = Some(failed);
+        failure
     }
 
     pub(super) fn now(&self) -> Timestamp {
@@ -221,39 +224,52 @@ impl Arbiter {
         );
     }
 
-    /// Commits `commit`, then applies the staged change with `apply` and tells everyone.
+    /// Applies a staged decision with `apply` and queues its `commit`; the reply (`apply`'s
+    /// value) comes, and everyone affected is told, once the commit is durable.
     pub(super) fn commit<T: 'static>(
         &mut self,
-        mut commit: Commit,
-        apply: impl FnOnce(&mut Self, &mut Context<Self>) -> T + 'static,
+        commit: Commit,
+        ctx: &mut Context<Self>,
+        apply: impl FnOnce(&mut Self, &mut Context<Self>) -> T,
     ) -> Reply<T> {
-        commit.abandoned_rounds.append(&mut self.stale_rounds);
-        let store = self.store.clone();
-        let now = self.now();
+        let durable = self.writer.commit(commit, self.now());
+        let value = apply(self, ctx);
         // The decision's span (a request's, a round's) follows it through the commit.
         let caller = tracing::Span::current();
         Box::pin(
-            async move { store.commit(&commit, now).await.map(|()| commit) }
+            durable
                 .instrument(tracing::info_span!("persistence"))
                 .into_actor(self)
                 .map(move |result, arbiter, ctx| {
                     let _caller = caller.enter();
-                    let commit = result?;
-                    let value = apply(arbiter, ctx);
-                    tracing::info_span!("notification")
-                        .in_scope(|| arbiter.after_commit(&commit, ctx));
-                    Ok(value)
+                    match result {
+                        Ok(commit) => {
+                            tracing::info_span!("notification")
+                                .in_scope(|| arbiter.after_commit(&commit, ctx));
+                            Ok(value)
+                        }
+                        Err(error) => {
+                            arbiter.lost_commit(&error, ctx);
+                            Err(error.into())
+                        }
+                    }
                 }),
         )
     }
 
-    /// Runs an internal decision (no one waits for its reply) with the mailbox held.
+    /// The database refused a decision the arbiter had already applied: its memory is ahead
+    /// of the source of truth, and only a restart (which restores from Postgres) is safe.
+    fn lost_commit(&mut self, error: &StoreError, ctx: &mut Context<Self>) {
+        tracing::error!(%error, "a decision was not committed; the arbiter stops so that a restart restores its state from Postgres");
+        if let Some(failed) = self.failed.take() {
+            let _ = failed.send(error.to_string());
+        }
+        ctx.stop();
+    }
+
+    /// Lets an internal decision (no one waits for its reply) finish in the background.
     pub(super) fn run_internal(&mut self, reply: Reply<()>, ctx: &mut Context<Self>) {
-        ctx.wait(reply.map(|result, _, _| {
-            if let Err(error) = result {
-                tracing::error!(%error, "arbiter decision not committed");
-            }
-        }));
+        ctx.spawn(reply.map(|_, _, _| ()));
     }
 
     fn after_commit(&mut self, commit: &Commit, ctx: &mut Context<Self>) {
@@ -330,8 +346,7 @@ impl Arbiter {
                 return;
             }
         };
-        self.round = RoundState::Opening;
-        let reply = self.commit(commit, move |arbiter, _| {
+        let reply = self.commit(commit, ctx, move |arbiter, _| {
             arbiter.next_round = id + 1;
             arbiter.schedule(deadline, Timer::RoundDeadline(id));
             arbiter.round = RoundState::Open(Box::new(PendingRound {
@@ -345,19 +360,7 @@ impl Arbiter {
             }));
             arbiter.request_agent_bids();
         });
-        let reply = self.recover_round_on_error(reply);
         self.run_internal(reply, ctx);
-    }
-
-    /// A round whose commit failed leaves the arbiter idle, ready for the next event.
-    fn recover_round_on_error(&mut self, reply: Reply<()>) -> Reply<()> {
-        Box::pin(reply.map(|result, arbiter, _| {
-            if result.is_err() && !matches!(arbiter.round, RoundState::Open(_)) {
-                arbiter.round = RoundState::Idle;
-                arbiter.round_wanted = true;
-            }
-            result
-        }))
     }
 
     fn request_agent_bids(&self) {
@@ -392,37 +395,26 @@ impl Arbiter {
         if !due {
             return;
         }
-        let RoundState::Open(mut round) = std::mem::replace(&mut self.round, RoundState::Closing)
-        else {
+        let RoundState::Open(round) = std::mem::replace(&mut self.round, RoundState::Idle) else {
             return;
         };
-        // Every bid the round counts must be in the database before its outcome is.
-        let writer = self.bids.clone();
-        let reply: Reply<()> = Box::pin(async move { writer.flush().await }.into_actor(self).then(
-            move |unstored, arbiter, _| -> Reply<()> {
-                let round_span = round.trace.span.clone();
-                let _round = round_span.enter();
-                match unstored {
-                    Ok(unstored) => {
-                        round.forget(&unstored);
-                        arbiter.close_round(*round)
-                    }
-                    Err(error) => Box::pin(actix::fut::ready(Err(error.into()))),
-                }
-            },
-        ));
-        let reply = self.recover_round_on_error(reply);
+        let round_span = round.trace.span.clone();
+        let _round = round_span.enter();
+        // The round's bids were queued to the writer before its outcome will be.
+        let reply = self.close_round(*round, ctx);
         self.run_internal(reply, ctx);
     }
 
-    /// Bids that were counted but not stored no longer count.
-    pub(super) fn forget_bids(&mut self, bids: &[UnstoredBid]) {
-        if let RoundState::Open(round) = &mut self.round {
-            round.forget(bids);
+    /// A bid that was counted but not stored no longer counts: the app may bid again.
+    pub(super) fn forget_bid(&mut self, round: i64, app: i64) {
+        if let RoundState::Open(pending) = &mut self.round {
+            if pending.id == round {
+                pending.framework_bids.remove(&app_id(app));
+            }
         }
     }
 
-    fn close_round(&mut self, round: PendingRound) -> Reply<()> {
+    fn close_round(&mut self, round: PendingRound, ctx: &mut Context<Self>) -> Reply<()> {
         let now = self.now();
         let PendingRound {
             id,
@@ -456,8 +448,7 @@ impl Arbiter {
                     abandoned_rounds: vec![id],
                     ..Commit::default()
                 };
-                return self.commit(commit, |arbiter, ctx| {
-                    arbiter.round = RoundState::Idle;
+                return self.commit(commit, ctx, |arbiter, ctx| {
                     arbiter.open_round_if_idle(ctx);
                 });
             }
@@ -472,9 +463,8 @@ impl Arbiter {
             leases = outcome.leases.len(),
             "round closed"
         );
-        self.commit(commit, move |arbiter, _| {
+        self.commit(commit, ctx, move |arbiter, _| {
             arbiter.market = next;
-            arbiter.round = RoundState::Idle;
             metrics().round_closed(opened.elapsed());
         })
     }
@@ -494,7 +484,7 @@ impl Arbiter {
                 return;
             }
         };
-        let reply = self.commit(commit, move |arbiter, _| arbiter.market = next);
+        let reply = self.commit(commit, ctx, move |arbiter, _| arbiter.market = next);
         self.run_internal(reply, ctx);
     }
 
@@ -525,7 +515,7 @@ impl Arbiter {
                 .push((next.cluster().gpu(gpu).id.0.clone(), false));
         }
         let revocations = revoked.len();
-        let reply = self.commit(commit, move |arbiter, _| {
+        let reply = self.commit(commit, ctx, move |arbiter, _| {
             arbiter.market = next;
             metrics().leases_revoked(revocations);
         });

@@ -52,18 +52,18 @@ fn internal(error: impl std::fmt::Display) -> ArbiterError {
 }
 
 impl Handler<RegisterHost> for Arbiter {
-    type Result = AtomicResponse<Self, Result<Registered, ArbiterError>>;
+    type Result = Reply<Registered>;
 
-    fn handle(&mut self, request: RegisterHost, _: &mut Self::Context) -> Self::Result {
-        AtomicResponse::new(self.register_host(request.registration))
+    fn handle(&mut self, request: RegisterHost, ctx: &mut Self::Context) -> Self::Result {
+        self.register_host(request.registration, ctx)
     }
 }
 
 impl Handler<HostHeartbeat> for Arbiter {
-    type Result = AtomicResponse<Self, Result<HeartbeatReply, ArbiterError>>;
+    type Result = Reply<HeartbeatReply>;
 
-    fn handle(&mut self, request: HostHeartbeat, _: &mut Self::Context) -> Self::Result {
-        AtomicResponse::new(self.heartbeat(request))
+    fn handle(&mut self, request: HostHeartbeat, ctx: &mut Self::Context) -> Self::Result {
+        self.heartbeat(request, ctx)
     }
 }
 
@@ -77,7 +77,11 @@ struct StagedHeartbeat {
 }
 
 impl Arbiter {
-    fn register_host(&mut self, registration: HostRegistration) -> Reply<Registered> {
+    fn register_host(
+        &mut self,
+        registration: HostRegistration,
+        ctx: &mut Context<Self>,
+    ) -> Reply<Registered> {
         let now = self.now();
         let spec = HostSpec {
             name: registration.host.clone(),
@@ -109,7 +113,7 @@ impl Arbiter {
         commit.workers.returns_capacity = true;
         let interval = self.settings.heartbeat_interval;
         let revocations = joined.revoked.len();
-        self.commit(commit, move |arbiter, _| {
+        self.commit(commit, ctx, move |arbiter, _| {
             arbiter.market = next;
             metrics().leases_revoked(revocations);
             for &gpu in &joined.added {
@@ -127,7 +131,11 @@ impl Arbiter {
         })
     }
 
-    fn heartbeat(&mut self, request: HostHeartbeat) -> Reply<HeartbeatReply> {
+    fn heartbeat(
+        &mut self,
+        request: HostHeartbeat,
+        ctx: &mut Context<Self>,
+    ) -> Reply<HeartbeatReply> {
         let staged = match self.stage_heartbeat(&request) {
             Ok(staged) => staged,
             Err(error) => return refuse(error),
@@ -140,7 +148,7 @@ impl Arbiter {
             reports,
         } = staged;
         let (host, now) = (request.host, self.now());
-        self.commit(commit, move |arbiter, _| {
+        self.commit(commit, ctx, move |arbiter, _| {
             arbiter.market = next;
             for (gpu, notice) in notices {
                 arbiter.remember_notice(gpu, notice);
@@ -306,7 +314,7 @@ impl Arbiter {
             });
         }
         let revocations = commit.ended.len();
-        let reply = self.commit(commit, move |arbiter, _| {
+        let reply = self.commit(commit, ctx, move |arbiter, _| {
             arbiter.market = next;
             metrics().leases_revoked(revocations);
             for (name, _) in &silent {

@@ -21,7 +21,7 @@ use super::records;
 use super::ArbiterError;
 use crate::clock::to_datetime;
 use crate::store::{
-    app_id, app_key, BidInsert, Commit, NewApp, NewBid, ProgressSample, StoreError, UnstoredBid,
+    app_id, app_key, BidInsert, Commit, NewApp, NewBid, ProgressSample, StoreError,
 };
 
 fn refuse<T: 'static>(error: ArbiterError) -> Reply<T> {
@@ -189,16 +189,20 @@ pub struct ReportProgress {
 }
 
 impl Handler<ReportProgress> for Arbiter {
-    type Result = AtomicResponse<Self, Result<ProgressAck, ArbiterError>>;
+    type Result = Reply<ProgressAck>;
 
-    fn handle(&mut self, request: ReportProgress, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, request: ReportProgress, ctx: &mut Self::Context) -> Self::Result {
         let _span = request.span.clone().entered();
-        AtomicResponse::new(self.report_progress(request))
+        self.report_progress(request, ctx)
     }
 }
 
 impl Arbiter {
-    fn report_progress(&mut self, request: ReportProgress) -> Reply<ProgressAck> {
+    fn report_progress(
+        &mut self,
+        request: ReportProgress,
+        ctx: &mut Context<Self>,
+    ) -> Reply<ProgressAck> {
         let staged = (|| {
             let id = self.authorize(request.tenant, request.app)?;
             let mut next = self.market.clone();
@@ -239,7 +243,7 @@ impl Arbiter {
             Ok(staged) => staged,
             Err(error) => return refuse(error),
         };
-        self.commit(commit, move |arbiter, _| {
+        self.commit(commit, ctx, move |arbiter, _| {
             arbiter.market = next;
             if finished {
                 arbiter.members.remove(&id);
@@ -277,9 +281,9 @@ pub struct FinishApp {
 }
 
 impl Handler<FinishApp> for Arbiter {
-    type Result = AtomicResponse<Self, Result<(), ArbiterError>>;
+    type Result = Reply<()>;
 
-    fn handle(&mut self, request: FinishApp, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, request: FinishApp, ctx: &mut Self::Context) -> Self::Result {
         let _span = request.span.clone().entered();
         let staged = (|| {
             let id = self.authorize(request.tenant, request.app)?;
@@ -287,13 +291,13 @@ impl Handler<FinishApp> for Arbiter {
             let commit = self.stage_departure(&mut next, &id, request.app)?;
             Ok((next, commit, id))
         })();
-        AtomicResponse::new(match staged {
-            Ok((next, commit, id)) => self.commit(commit, move |arbiter, _| {
+        match staged {
+            Ok((next, commit, id)) => self.commit(commit, ctx, move |arbiter, _| {
                 arbiter.market = next;
                 arbiter.members.remove(&id);
             }),
             Err(error) => refuse(error),
-        })
+        }
     }
 }
 
@@ -320,13 +324,12 @@ pub struct SubmitBid {
 impl Handler<SubmitBid> for Arbiter {
     type Result = ResponseFuture<Result<BidAck, ArbiterError>>;
 
-    /// The bid is checked and counted here, with the mailbox held; storing it happens outside
-    /// the mailbox, in the bid writer, which commits many bids at once. A round closes only
-    /// after the writer has flushed its bids.
+    /// The bid is checked and counted here; the writer stores it (with others, in order) and
+    /// the answer comes once it is committed.
     fn handle(&mut self, request: SubmitBid, ctx: &mut Self::Context) -> Self::Result {
         let span = request.span.clone();
         let _span = span.clone().entered();
-        let (round, writer) = (request.round, self.bids.clone());
+        let (round, writer) = (request.round, self.writer.clone());
         let accepted = app_key(&request.bid.app)
             .map_err(|_| ArbiterError::AppNotActive(-1))
             .and_then(|app| self.check_bid(&request, app).map(|()| app));
@@ -358,8 +361,8 @@ impl Handler<SubmitBid> for Arbiter {
         }
         crate::metrics::metrics().bid_received("framework");
         let arbiter = ctx.address();
-        // Queued before the round can close: the close's flush waits for it.
-        let stored = writer.insert(NewBid {
+        // Queued before the round can close, so stored no later than its outcome.
+        let stored = writer.insert_bid(NewBid {
             round,
             app,
             bid: request.bid,
@@ -371,7 +374,7 @@ impl Handler<SubmitBid> for Arbiter {
             async move {
                 let stored = stored.await;
                 if !matches!(stored, Ok(BidInsert::Stored(_))) {
-                    arbiter.do_send(ForgetBid(UnstoredBid { round, app }));
+                    arbiter.do_send(ForgetBid { round, app });
                 }
                 match stored? {
                     BidInsert::Stored(bid_id) => Ok(BidAck {
@@ -398,17 +401,20 @@ impl BidAck {
     }
 }
 
-/// A bid the arbiter counted was not stored (the database failed): it must not count, so the
-/// app may bid again.
+/// A bid the arbiter counted was not stored (the database failed, or it was already there):
+/// it must not count, so the app may bid again.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-struct ForgetBid(UnstoredBid);
+struct ForgetBid {
+    round: i64,
+    app: i64,
+}
 
 impl Handler<ForgetBid> for Arbiter {
     type Result = ();
 
-    fn handle(&mut self, ForgetBid(bid): ForgetBid, _: &mut Self::Context) {
-        self.forget_bids(&[bid]);
+    fn handle(&mut self, ForgetBid { round, app }: ForgetBid, _: &mut Self::Context) {
+        self.forget_bid(round, app);
     }
 }
 
@@ -467,9 +473,9 @@ pub struct ReleaseLease {
 }
 
 impl Handler<ReleaseLease> for Arbiter {
-    type Result = AtomicResponse<Self, Result<(), ArbiterError>>;
+    type Result = Reply<()>;
 
-    fn handle(&mut self, request: ReleaseLease, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, request: ReleaseLease, ctx: &mut Self::Context) -> Self::Result {
         let _span = request.span.clone().entered();
         let staged = (|| {
             let id = LeaseId(request.lease as u64);
@@ -486,10 +492,10 @@ impl Handler<ReleaseLease> for Arbiter {
             let commit = records::ended_leases(&next, &[released], Some("released by the app"))?;
             Ok((next, commit))
         })();
-        AtomicResponse::new(match staged {
-            Ok((next, commit)) => self.commit(commit, move |arbiter, _| arbiter.market = next),
+        match staged {
+            Ok((next, commit)) => self.commit(commit, ctx, move |arbiter, _| arbiter.market = next),
             Err(error) => refuse(error),
-        })
+        }
     }
 }
 
@@ -514,16 +520,16 @@ pub struct SetGpuService {
 }
 
 impl Handler<SetGpuService> for Arbiter {
-    type Result = AtomicResponse<Self, Result<DrainAck, ArbiterError>>;
+    type Result = Reply<DrainAck>;
 
-    fn handle(&mut self, request: SetGpuService, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, request: SetGpuService, ctx: &mut Self::Context) -> Self::Result {
         let _span = request.span.clone().entered();
         let Some(index) = self
             .market
             .cluster()
             .index_of(&agora_market::topology::GpuId(request.gpu.clone()))
         else {
-            return AtomicResponse::new(refuse(ArbiterError::UnknownGpu(request.gpu)));
+            return refuse(ArbiterError::UnknownGpu(request.gpu));
         };
         let now = self.now();
         if request.healthy {
@@ -540,31 +546,31 @@ impl Handler<SetGpuService> for Arbiter {
                 gpu_health: vec![(request.gpu.clone(), true)],
                 ..Commit::default()
             };
-            return AtomicResponse::new(self.commit(commit, move |arbiter, _| {
+            return self.commit(commit, ctx, move |arbiter, _| {
                 arbiter.market = next;
                 DrainAck {
                     gpu: request.gpu,
                     lease: None,
                     revoke_at: to_datetime(now),
                 }
-            }));
+            });
         }
         let mut commit = Commit::default();
         let reason = format!("GPU {} is being drained by an operator", request.gpu);
         let (notice, lease) =
             match self.stage_notice(index, Withdrawal::Drained, reason, &mut commit) {
                 Ok(staged) => staged,
-                Err(error) => return AtomicResponse::new(refuse(error)),
+                Err(error) => return refuse(error),
             };
         let revoke_at = to_datetime(notice.at);
-        AtomicResponse::new(self.commit(commit, move |arbiter, _| {
+        self.commit(commit, ctx, move |arbiter, _| {
             arbiter.remember_notice(index, notice);
             DrainAck {
                 gpu: request.gpu,
                 lease,
                 revoke_at,
             }
-        }))
+        })
     }
 }
 

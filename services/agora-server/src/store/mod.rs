@@ -1,21 +1,21 @@
 //! Postgres, the source of truth for apps, leases and history. Every query is checked against
 //! the schema at compile time (`sqlx::query!`, with offline data in `.sqlx/`).
 //!
-//! The arbiter changes state only through [`Store::commit`]: one transaction per decision, so a
-//! round's outcome, its leases and the events that tell apps about them land together or not
-//! at all. The exclusion constraint on `lease_gpus` is the last line of defence against a GPU
-//! leased twice.
+//! The arbiter changes state only through [`Writer::commit`]: a decision's [`Commit`] is written
+//! in one transaction (with the decisions and bids queued next to it), so a round's outcome,
+//! its leases and the events that tell apps about them land together or not at all. The
+//! exclusion constraint on `lease_gpus` is the last line of defence against a GPU leased twice.
 
-mod bids;
 mod dashboard;
 mod reads;
 mod workers;
+mod writer;
 mod writes;
 
-pub use bids::*;
 pub use dashboard::*;
 pub use reads::*;
 pub use workers::*;
+pub use writer::*;
 pub use writes::*;
 
 use agora_market::app::AppId;
@@ -38,9 +38,9 @@ pub enum StoreError {
     GpuDoubleLeased { gpu: String },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
-    #[error("database error while storing a batch of bids: {0}")]
+    #[error("{0}")]
     Batch(std::sync::Arc<StoreError>),
-    #[error("the bid writer has stopped (the service is shutting down)")]
+    #[error("the writer has stopped (the service is shutting down)")]
     WriterStopped,
     #[error("stored data is not valid: {0}")]
     Corrupt(String),

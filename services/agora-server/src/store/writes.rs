@@ -9,7 +9,7 @@ use agora_market::topology::Cluster;
 use serde_json::Value;
 use sqlx::{Postgres, Transaction};
 
-use super::bids::{insert_bids, BidSource, NewBid};
+use super::writer::{insert_bids, BidSource, NewBid};
 use super::{Store, StoreError};
 use crate::clock::to_datetime;
 
@@ -110,15 +110,6 @@ pub struct Commit {
 }
 
 impl Store {
-    /// Writes `commit` atomically. `now` stamps the lease events and app events.
-    pub async fn commit(&self, commit: &Commit, now: Timestamp) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        write_commit(&mut tx, commit, now)
-            .await
-            .map_err(StoreError::from_write)?;
-        tx.commit().await.map_err(StoreError::from_write)
-    }
-
     pub async fn create_tenant(&self, name: &str, token_sha256: &[u8]) -> Result<i64, StoreError> {
         let mut tx = self.pool.begin().await?;
         let id = sqlx::query_scalar!("INSERT INTO tenants (name) VALUES ($1) RETURNING id", name)
@@ -235,7 +226,7 @@ pub fn simulated_cuda_uuid(gpu: &str) -> String {
     )
 }
 
-async fn write_commit(
+pub(super) async fn write_commit(
     tx: &mut Transaction<'_, Postgres>,
     commit: &Commit,
     now: Timestamp,

@@ -1,10 +1,12 @@
-//! Bids posted by frameworks, stored by one writer task that commits many at once (group
-//! commit): under load, one transaction acknowledges every bid that arrived while the previous
-//! one was in flight, instead of one fsync and seven round trips per bid.
+//! The one writer of the arbiter's decisions and the frameworks' bids. Jobs are written in the
+//! order they were queued, many to a transaction (group commit): under load, one commit makes
+//! durable everything that arrived while the previous one was in flight, instead of one fsync
+//! and a handful of round trips per decision.
 //!
-//! The writer handles its jobs in order, so a look-up or a flush sees every bid queued before
-//! it: a retry finds the bid it repeats, and the arbiter closes a round only after all the
-//! round's accepted bids are committed.
+//! The order is what makes this safe. The arbiter applies a decision to its memory when it
+//! queues the decision's [`Commit`], and answers (and tells anyone) only once the writer says
+//! it is durable; a bid queued before a round's outcome is in the database no later than that
+//! outcome; a look-up sees every bid queued before it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,10 +16,11 @@ use agora_market::time::Timestamp;
 use sqlx::{Postgres, Transaction};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Store, StoreError};
+use super::writes::write_commit;
+use super::{Commit, Store, StoreError};
 use crate::clock::to_datetime;
 
-/// Most bids in one transaction: bounds a commit's size when a backlog builds up.
+/// Most jobs in one transaction: bounds a commit's size when a backlog builds up.
 const MAX_BATCH: usize = 512;
 
 /// Where a stored bid came from.
@@ -59,54 +62,45 @@ pub enum BidInsert {
     AlreadyBid,
 }
 
-/// A bid the arbiter accepted that did not make it into the database.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UnstoredBid {
-    pub round: i64,
-    pub app: i64,
-}
-
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 #[derive(Debug)]
 enum Job {
-    Insert(NewBid, Reply<BidInsert>),
+    Bid(NewBid, Reply<BidInsert>),
     Lookup {
         round: i64,
         app: i64,
         key: String,
         reply: Reply<Option<i64>>,
     },
-    Flush(oneshot::Sender<Vec<UnstoredBid>>),
+    /// A decision, stamped `now`; handed back once durable.
+    Decision(Box<Commit>, Timestamp, Reply<Box<Commit>>),
 }
 
-/// The handle to the bid writer; cheap to clone. The task ends when every handle is dropped.
+/// The handle to the writer; cheap to clone. The task ends when every handle is dropped.
 #[derive(Debug, Clone)]
-pub struct BidWriter {
+pub struct Writer {
     jobs: mpsc::UnboundedSender<Job>,
 }
 
-impl BidWriter {
+impl Writer {
     /// Starts the writer on the current runtime.
     pub fn spawn(store: Store) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
-        tokio::spawn(write_bids(store, queue));
+        tokio::spawn(write_jobs(store, queue));
         Self { jobs }
     }
 
     // Each method queues its job before it returns, so jobs keep the order of the calls even
     // when their answers are awaited later.
 
-    // Each method queues its job before it returns, so jobs keep the order of the calls even
-    // when their answers are awaited later.
-
     /// Stores a framework's bid, answering once it is committed.
-    pub fn insert(
+    pub fn insert_bid(
         &self,
         bid: NewBid,
     ) -> impl Future<Output = Result<BidInsert, StoreError>> + use<> {
         let (reply, answer) = oneshot::channel();
-        let queued = self.queue(Job::Insert(bid, reply));
+        let queued = self.queue(Job::Bid(bid, reply));
         async move { answered(queued, answer).await? }
     }
 
@@ -128,12 +122,16 @@ impl BidWriter {
         async move { answered(queued, answer).await? }
     }
 
-    /// Waits until every bid queued before this call is committed or has failed, and returns
-    /// the ones that were not stored since the last flush.
-    pub fn flush(&self) -> impl Future<Output = Result<Vec<UnstoredBid>, StoreError>> + use<> {
+    /// Writes a decision after everything queued before it; answers with the decision once it
+    /// is durable. `now` stamps its lease and app events.
+    pub fn commit(
+        &self,
+        commit: Commit,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Commit, StoreError>> + use<> {
         let (reply, answer) = oneshot::channel();
-        let queued = self.queue(Job::Flush(reply));
-        answered(queued, answer)
+        let queued = self.queue(Job::Decision(Box::new(commit), now, reply));
+        async move { answered(queued, answer).await?.map(|commit| *commit) }
     }
 
     fn queue(&self, job: Job) -> bool {
@@ -148,8 +146,7 @@ async fn answered<T>(queued: bool, answer: oneshot::Receiver<T>) -> Result<T, St
     answer.await.map_err(|_| StoreError::WriterStopped)
 }
 
-async fn write_bids(store: Store, mut queue: mpsc::UnboundedReceiver<Job>) {
-    let mut unstored = Vec::new();
+async fn write_jobs(store: Store, mut queue: mpsc::UnboundedReceiver<Job>) {
     while let Some(first) = queue.recv().await {
         let mut jobs = vec![first];
         while jobs.len() < MAX_BATCH {
@@ -158,99 +155,125 @@ async fn write_bids(store: Store, mut queue: mpsc::UnboundedReceiver<Job>) {
                 Err(_) => break,
             }
         }
-        run_batch(&store, jobs, &mut unstored).await;
+        write_batch(&store, jobs).await;
     }
 }
 
-/// Inserts first (one transaction), then look-ups, then flushes: each sees the inserts queued
-/// before it.
-async fn run_batch(store: &Store, jobs: Vec<Job>, unstored: &mut Vec<UnstoredBid>) {
-    let mut inserts = Vec::new();
-    let mut lookups = Vec::new();
-    let mut flushes = Vec::new();
-    for job in jobs {
+/// A job taken into the batch: where its answer goes, and the answer once known.
+enum Taken {
+    Bid(Reply<BidInsert>, Option<BidInsert>),
+    Lookup(Reply<Option<i64>>, Option<Option<i64>>),
+    Decision(Reply<Box<Commit>>, Box<Commit>),
+}
+
+/// Writes `jobs` in order in one transaction and answers each once it is committed; if any
+/// fails, nothing is written and every job gets the error.
+async fn write_batch(store: &Store, jobs: Vec<Job>) {
+    let mut taken = Vec::with_capacity(jobs.len());
+    let mut pending = jobs.into_iter().peekable();
+    let written = write_in_order(store, &mut pending, &mut taken).await;
+    let error = written.err().map(Arc::new);
+    let answer = |taken: Taken| match (taken, &error) {
+        (Taken::Bid(reply, Some(result)), None) => drop(reply.send(Ok(result))),
+        (Taken::Lookup(reply, Some(result)), None) => drop(reply.send(Ok(result))),
+        (Taken::Decision(reply, commit), None) => drop(reply.send(Ok(commit))),
+        (Taken::Bid(reply, _), _) => drop(reply.send(Err(batch_failed(&error)))),
+        (Taken::Lookup(reply, _), _) => drop(reply.send(Err(batch_failed(&error)))),
+        (Taken::Decision(reply, _), _) => drop(reply.send(Err(batch_failed(&error)))),
+    };
+    taken.into_iter().for_each(answer);
+    // Jobs not reached when the batch failed.
+    for job in pending {
         match job {
-            Job::Insert(bid, reply) => inserts.push((bid, reply)),
+            Job::Bid(_, reply) => drop(reply.send(Err(batch_failed(&error)))),
+            Job::Lookup { reply, .. } => drop(reply.send(Err(batch_failed(&error)))),
+            Job::Decision(_, _, reply) => drop(reply.send(Err(batch_failed(&error)))),
+        }
+    }
+}
+
+fn batch_failed(error: &Option<Arc<StoreError>>) -> StoreError {
+    match error {
+        Some(error) => StoreError::Batch(error.clone()),
+        None => StoreError::WriterStopped,
+    }
+}
+
+async fn write_in_order(
+    store: &Store,
+    pending: &mut std::iter::Peekable<std::vec::IntoIter<Job>>,
+    taken: &mut Vec<Taken>,
+) -> Result<(), StoreError> {
+    let mut tx = store.pool.begin().await?;
+    while let Some(job) = pending.next() {
+        match job {
+            Job::Bid(bid, reply) => {
+                // Consecutive bids go in together: one statement for all their rows.
+                let mut bids = vec![bid];
+                let mut replies = vec![reply];
+                while let Some(Job::Bid(..)) = pending.peek() {
+                    if let Some(Job::Bid(bid, reply)) = pending.next() {
+                        bids.push(bid);
+                        replies.push(reply);
+                    }
+                }
+                match insert_framework_bids(&mut tx, &bids).await {
+                    Ok(results) => taken.extend(
+                        replies
+                            .into_iter()
+                            .zip(results)
+                            .map(|(reply, result)| Taken::Bid(reply, Some(result))),
+                    ),
+                    Err(error) => {
+                        taken.extend(replies.into_iter().map(|reply| Taken::Bid(reply, None)));
+                        return Err(error);
+                    }
+                }
+            }
             Job::Lookup {
                 round,
                 app,
                 key,
                 reply,
-            } => lookups.push((round, app, key, reply)),
-            Job::Flush(reply) => flushes.push(reply),
+            } => {
+                let found = bid_with_key(&mut tx, round, app, &key).await;
+                taken.push(Taken::Lookup(reply, found.as_ref().ok().copied()));
+                found?;
+            }
+            Job::Decision(commit, now, reply) => {
+                let written = write_commit(&mut tx, &commit, now).await;
+                taken.push(Taken::Decision(reply, commit));
+                written.map_err(StoreError::from_write)?;
+            }
         }
     }
-    if !inserts.is_empty() {
-        store_framework_bids(store, inserts, unstored).await;
-    }
-    for (round, app, key, reply) in lookups {
-        let _ = reply.send(store.bid_with_key(round, app, &key).await);
-    }
-    for reply in flushes {
-        let _ = reply.send(std::mem::take(unstored));
-    }
+    tx.commit().await.map_err(StoreError::from_write)
 }
 
-async fn store_framework_bids(
-    store: &Store,
-    inserts: Vec<(NewBid, Reply<BidInsert>)>,
-    unstored: &mut Vec<UnstoredBid>,
-) {
-    let bids: Vec<&NewBid> = inserts.iter().map(|(bid, _)| bid).collect();
-    let results = match store.insert_framework_bids(&bids).await {
-        Ok(results) => results.into_iter().map(Ok).collect(),
-        Err(error) => {
-            let error = Arc::new(error);
-            vec![Err(error); inserts.len()]
-        }
-    };
-    for ((bid, reply), result) in inserts.into_iter().zip(results) {
-        let result = result.map_err(StoreError::Batch);
-        if !matches!(result, Ok(BidInsert::Stored(_))) {
-            unstored.push(UnstoredBid {
-                round: bid.round,
-                app: bid.app,
-            });
-        }
-        let _ = reply.send(result);
+/// Stores framework bids; a bid whose app already has one in the round is skipped and
+/// answered as a retry (same key) or a second bid.
+async fn insert_framework_bids(
+    tx: &mut Transaction<'_, Postgres>,
+    bids: &[NewBid],
+) -> Result<Vec<BidInsert>, StoreError> {
+    let new: Vec<&NewBid> = bids.iter().collect();
+    let ids = insert_bids(tx, &new, BidSource::Framework).await?;
+    let mut results = Vec::with_capacity(new.len());
+    for (bid, id) in new.iter().zip(ids) {
+        results.push(match (id, &bid.idempotency_key) {
+            (Some(id), _) => BidInsert::Stored(id),
+            (None, Some(key)) => match bid_with_key(tx, bid.round, bid.app, key).await? {
+                Some(id) => BidInsert::Replayed(id),
+                None => BidInsert::AlreadyBid,
+            },
+            (None, None) => BidInsert::AlreadyBid,
+        });
     }
-}
-
-impl Store {
-    /// Stores framework bids in one transaction; a bid whose app already bid in the round is
-    /// skipped (the others are stored).
-    async fn insert_framework_bids(&self, bids: &[&NewBid]) -> Result<Vec<BidInsert>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let ids = insert_bids(&mut tx, bids, BidSource::Framework).await?;
-        let mut results = Vec::with_capacity(bids.len());
-        for (bid, id) in bids.iter().zip(ids) {
-            results.push(match (id, &bid.idempotency_key) {
-                (Some(id), _) => BidInsert::Stored(id),
-                (None, Some(key)) => match bid_with_key(&mut tx, bid.round, bid.app, key).await? {
-                    Some(id) => BidInsert::Replayed(id),
-                    None => BidInsert::AlreadyBid,
-                },
-                (None, None) => BidInsert::AlreadyBid,
-            });
-        }
-        tx.commit().await?;
-        Ok(results)
-    }
-
-    /// The bid `app` posted in `round` with `Idempotency-Key` `key`, if any.
-    async fn bid_with_key(
-        &self,
-        round: i64,
-        app: i64,
-        key: &str,
-    ) -> Result<Option<i64>, StoreError> {
-        let mut connection = self.pool.acquire().await?;
-        Ok(bid_with_key(&mut connection, round, app, key).await?)
-    }
+    Ok(results)
 }
 
 async fn bid_with_key(
-    connection: &mut sqlx::PgConnection,
+    tx: &mut Transaction<'_, Postgres>,
     round: i64,
     app: i64,
     key: &str,
@@ -261,7 +284,7 @@ async fn bid_with_key(
         app,
         key
     )
-    .fetch_optional(connection)
+    .fetch_optional(&mut **tx)
     .await
 }
 
