@@ -11,6 +11,7 @@
 //! itself is [`crate::round::decide_round`], a pure function of the inputs a round records.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -135,13 +136,16 @@ pub struct HostJoined {
 }
 
 /// The engine's state: the cluster, the active apps and the leases.
+///
+/// Cloning is cheap: the service stages every decision on a clone. The cluster and each app
+/// are shared between clones and copied only when a clone changes them.
 #[derive(Debug, Clone)]
 pub struct Market {
     config: MarketConfig,
-    cluster: Cluster,
+    cluster: Arc<Cluster>,
     hosts: HostDirectory,
     withdrawn: BTreeMap<GpuIndex, BTreeSet<Withdrawal>>,
-    participants: BTreeMap<AppId, Participant>,
+    participants: BTreeMap<AppId, Arc<Participant>>,
     leases: LeaseBook,
     contention: ContentionTracker,
 }
@@ -240,7 +244,7 @@ impl Market {
         }
         Ok(Self {
             config,
-            cluster,
+            cluster: Arc::new(cluster),
             hosts: HostDirectory::default(),
             withdrawn: BTreeMap::new(),
             participants: BTreeMap::new(),
@@ -277,7 +281,7 @@ impl Market {
     pub fn app_mut(&mut self, id: &AppId) -> Option<&mut App> {
         self.participants
             .get_mut(id)
-            .map(|participant| &mut participant.app)
+            .map(|participant| &mut Arc::make_mut(participant).app)
     }
 
     pub fn add_app(&mut self, app: App, now: Timestamp) -> Result<(), MarketError> {
@@ -294,7 +298,7 @@ impl Market {
             ended_gpu_seconds: 0.0,
         };
         self.participants
-            .insert(participant.app.id.clone(), participant);
+            .insert(participant.app.id.clone(), Arc::new(participant));
         Ok(())
     }
 
@@ -324,7 +328,7 @@ impl Market {
             ended_gpu_seconds,
         };
         self.participants
-            .insert(participant.app.id.clone(), participant);
+            .insert(participant.app.id.clone(), Arc::new(participant));
         self.replay_arrivals(now);
         Ok(())
     }
@@ -333,7 +337,8 @@ impl Market {
     /// same steps [`Self::add_app`] took when they arrived.
     fn replay_arrivals(&mut self, now: Timestamp) {
         let active_apps = self.participants.len() as u32;
-        let mut by_arrival: Vec<&mut Participant> = self.participants.values_mut().collect();
+        let mut by_arrival: Vec<&mut Participant> =
+            self.participants.values_mut().map(Arc::make_mut).collect();
         by_arrival.sort_by_key(|participant| participant.arrival);
         let mut contention = ContentionTracker::default();
         for (earlier, participant) in by_arrival.into_iter().enumerate() {
@@ -482,11 +487,11 @@ impl Market {
         now: Timestamp,
     ) -> Result<HostJoined, MarketError> {
         let placement = self.hosts.place(&self.cluster, spec)?;
-        let mut cluster = self.cluster.clone();
+        let mut cluster = Cluster::clone(&self.cluster);
         let added = cluster.extend(placement.new_gpus)?;
         let mut hosts = self.hosts.clone();
         hosts.insert(placement.host.clone(), &cluster)?;
-        self.cluster = cluster;
+        self.cluster = Arc::new(cluster);
         self.hosts = hosts;
         let reported: BTreeSet<&GpuId> = spec.gpus.iter().map(|gpu| &gpu.id).collect();
         let mut unreported = Vec::new();
@@ -795,7 +800,7 @@ impl Market {
             if let (Some(participant), Some(ended_at)) =
                 (self.participants.get_mut(&lease.app), lease.ended_at)
             {
-                participant.ended_gpu_seconds += lease.gpu_seconds_until(ended_at);
+                Arc::make_mut(participant).ended_gpu_seconds += lease.gpu_seconds_until(ended_at);
             }
         }
     }

@@ -37,51 +37,34 @@ pub struct ApiState {
     pub worker_token_sha256: Option<[u8; 32]>,
     /// Which apps have new events (see `app_events`).
     pub notices: Arc<Notices>,
-    /// Token and app owners already looked up.
+    /// App owners already looked up.
     pub owners: Arc<Owners>,
 }
 
-/// Owners already looked up, so that a busy framework's requests do not each cost two queries.
-/// Tokens are never revoked and an app never changes tenant, so an answer found in the
-/// database stays true; only such answers are kept, so the maps are bounded by the tables.
+/// App owners already looked up, so that a busy framework's requests do not each cost an app
+/// query. An app never changes tenant, so an owner found in the database stays true (and the
+/// map is bounded by the apps table). Tokens are looked up on every request: a token deleted
+/// from `api_tokens` stops working at once.
 #[derive(Debug, Default)]
 pub struct Owners {
-    tokens: RwLock<HashMap<[u8; 32], i64>>,
     apps: RwLock<HashMap<i64, i64>>,
 }
 
 impl Owners {
-    async fn tenant_for_token(
-        &self,
-        store: &Store,
-        hash: [u8; 32],
-    ) -> Result<Option<i64>, ApiError> {
-        if let Some(&tenant) = read(&self.tokens).get(&hash) {
-            return Ok(Some(tenant));
-        }
-        let tenant = store.tenant_for_token(&hash).await?;
-        if let Some(tenant) = tenant {
-            write(&self.tokens).insert(hash, tenant);
-        }
-        Ok(tenant)
-    }
-
     fn remember_app(&self, app: i64, tenant: i64) {
-        write(&self.apps).insert(app, tenant);
+        self.apps
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(app, tenant);
     }
 
     fn app_owner(&self, app: i64) -> Option<i64> {
-        read(&self.apps).get(&app).copied()
+        self.apps
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&app)
+            .copied()
     }
-}
-
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Who is calling: a tenant, or the admin.
@@ -138,7 +121,7 @@ impl FromRequest for Caller {
             if state.admin_token_sha256 == Some(hash) {
                 return Ok(Self::Admin);
             }
-            match state.owners.tenant_for_token(&state.store, hash).await? {
+            match state.store.tenant_for_token(&hash).await? {
                 Some(tenant) => Ok(Self::Tenant(tenant)),
                 None => Err(ApiError::unauthorized()),
             }

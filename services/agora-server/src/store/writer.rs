@@ -84,10 +84,11 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer on the current runtime.
+    /// Starts the writer on a thread of its own: talking to Postgres costs CPU (the loopback's
+    /// network stack included) that the arbiter's thread needs for deciding.
     pub fn spawn(store: Store) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
-        tokio::spawn(write_jobs(store, queue));
+        actix::Arbiter::new().spawn(write_jobs(store, queue));
         Self { jobs }
     }
 

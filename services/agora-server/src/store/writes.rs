@@ -262,6 +262,9 @@ pub(super) async fn write_commit(
             .execute(&mut **tx)
             .await?;
     }
+    if commit.events.is_empty() {
+        return Ok(());
+    }
     let apps: Vec<i64> = commit.events.iter().map(|event| event.app).collect();
     let kinds: Vec<&str> = commit.events.iter().map(|event| event.kind).collect();
     let payloads: Vec<Value> = commit
@@ -466,32 +469,7 @@ async fn write_app_changes(
             .execute(&mut **tx)
             .await?;
     }
-    for sample in &commit.progress {
-        let (locality, slowdown) = sample.observed.clone().unzip();
-        sqlx::query!(
-            "INSERT INTO job_progress (app_id, job, reported_at, completed_iterations, stopped,
-                                       observed_locality, observed_slowdown)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            sample.app,
-            sample.job,
-            to_datetime(now),
-            sample.completed_iterations,
-            sample.stopped,
-            locality,
-            slowdown
-        )
-        .execute(&mut **tx)
-        .await?;
-        sqlx::query!(
-            "UPDATE jobs SET completed_iterations = $3, stopped = $4 WHERE app_id = $1 AND name = $2",
-            sample.app,
-            sample.job,
-            sample.completed_iterations,
-            sample.stopped
-        )
-        .execute(&mut **tx)
-        .await?;
-    }
+    write_progress(tx, &commit.progress, now).await?;
     for app in &commit.finished_apps {
         sqlx::query!(
             "UPDATE apps SET finished_at = $2 WHERE id = $1 AND finished_at IS NULL",
@@ -501,6 +479,57 @@ async fn write_app_changes(
         .execute(&mut **tx)
         .await?;
     }
+    Ok(())
+}
+
+/// Progress samples and the jobs they advance, with one statement each.
+async fn write_progress(
+    tx: &mut Transaction<'_, Postgres>,
+    samples: &[ProgressSample],
+    now: Timestamp,
+) -> Result<(), sqlx::Error> {
+    if samples.is_empty() {
+        return Ok(());
+    }
+    let apps: Vec<i64> = samples.iter().map(|sample| sample.app).collect();
+    let jobs: Vec<&str> = samples.iter().map(|sample| sample.job.as_str()).collect();
+    let done: Vec<i64> = samples
+        .iter()
+        .map(|sample| sample.completed_iterations)
+        .collect();
+    let stopped: Vec<bool> = samples.iter().map(|sample| sample.stopped).collect();
+    let (localities, slowdowns): (Vec<Option<String>>, Vec<Option<f64>>) = samples
+        .iter()
+        .map(|sample| sample.observed.clone().unzip())
+        .unzip();
+    sqlx::query!(
+        "INSERT INTO job_progress (app_id, job, reported_at, completed_iterations, stopped,
+                                   observed_locality, observed_slowdown)
+         SELECT app_id, job, $3, done, stopped, locality, slowdown
+         FROM unnest($1::bigint[], $2::text[], $4::bigint[], $5::bool[], $6::text[], $7::float8[])
+              AS sample (app_id, job, done, stopped, locality, slowdown)",
+        &apps,
+        &jobs as &[&str],
+        to_datetime(now),
+        &done,
+        &stopped,
+        &localities as &[Option<String>],
+        &slowdowns as &[Option<f64>]
+    )
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query!(
+        "UPDATE jobs SET completed_iterations = sample.done, stopped = sample.stopped
+         FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bool[])
+              AS sample (app_id, job, done, stopped)
+         WHERE jobs.app_id = sample.app_id AND jobs.name = sample.job",
+        &apps,
+        &jobs as &[&str],
+        &done,
+        &stopped
+    )
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
