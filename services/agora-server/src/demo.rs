@@ -11,6 +11,9 @@ use serde_json::{json, Value};
 use crate::config::ServerConfig;
 use crate::server::Running;
 
+/// Time between two demo apps' arrivals.
+const ARRIVAL_GAP: Duration = Duration::from_millis(300);
+
 /// Demo settings: short leases and deadlines, and an admin token if none was configured.
 pub fn adjust(config: &mut ServerConfig) {
     if config.lease_seconds == ServerConfig::default().lease_seconds {
@@ -116,6 +119,11 @@ pub async fn start(running: &Running, config: &ServerConfig) -> anyhow::Result<(
         let Some(token) = tokens[index % 2].clone() else {
             continue;
         };
+        // Apps arrive a moment apart, as on a real cluster: their leases then end at different
+        // times, and each round finds some apps holding GPUs and others waiting.
+        if index > 0 {
+            actix_web::rt::time::sleep(ARRIVAL_GAP).await;
+        }
         let registered = post(&client, &base, &token, "/v1/apps", registration(app)).await?;
         let id = registered["id"]
             .as_i64()

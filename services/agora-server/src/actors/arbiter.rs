@@ -232,8 +232,18 @@ impl Arbiter {
         ctx: &mut Context<Self>,
         apply: impl FnOnce(&mut Self, &mut Context<Self>) -> T,
     ) -> Reply<T> {
+        // GPUs freed (or a round wanted while this one ran): the next round opens now, on the
+        // applied state; its own commit is queued after this one.
+        let capacity_changed = !commit.ended.is_empty()
+            || !commit.finished_apps.is_empty()
+            || commit.gpu_health.iter().any(|(_, healthy)| *healthy)
+            || commit.workers.returns_capacity;
+        let closes_round = commit.closed_round.is_some();
         let durable = self.writer.commit(commit, self.now());
         let value = apply(self, ctx);
+        if capacity_changed || (closes_round && self.round_wanted) {
+            self.open_round_if_idle(ctx);
+        }
         // The decision's span (a request's, a round's) follows it through the commit.
         let caller = tracing::Span::current();
         Box::pin(
@@ -245,7 +255,7 @@ impl Arbiter {
                     match result {
                         Ok(commit) => {
                             tracing::info_span!("notification")
-                                .in_scope(|| arbiter.after_commit(&commit, ctx));
+                                .in_scope(|| arbiter.after_commit(&commit));
                             Ok(value)
                         }
                         Err(error) => {
@@ -272,7 +282,7 @@ impl Arbiter {
         ctx.spawn(reply.map(|_, _, _| ()));
     }
 
-    fn after_commit(&mut self, commit: &Commit, ctx: &mut Context<Self>) {
+    fn after_commit(&mut self, commit: &Commit) {
         metrics().observe_capacity(&self.market);
         let told: BTreeSet<i64> = commit.events.iter().map(|event| event.app).collect();
         for app in told {
@@ -292,13 +302,6 @@ impl Arbiter {
         }
         for (gpu, healthy) in &commit.gpu_health {
             self.tell_gpu(gpu, GpuCommand::SetHealth(*healthy));
-        }
-        let capacity_changed = !commit.ended.is_empty()
-            || !commit.finished_apps.is_empty()
-            || commit.gpu_health.iter().any(|(_, healthy)| *healthy)
-            || commit.workers.returns_capacity;
-        if capacity_changed || (commit.closed_round.is_some() && self.round_wanted) {
-            self.open_round_if_idle(ctx);
         }
     }
 
