@@ -142,7 +142,7 @@ test('a new round appears in the live list within seconds', async () => {
   await page.locator('#round-list a').first().waitFor();
   const newest = Math.max(...await roundIds(page));
   await page.waitForFunction((seen) => [...document.querySelectorAll('#round-list a[data-round]')]
-    .some((link) => Number(link.dataset.round) > seen), newest, { timeout: 10_000 });
+    .some((link) => Number(link.dataset.round) > seen), newest, { timeout: 30_000 });
   await shot(page, 'rounds-live');
   assert.deepEqual(page.errors, []);
   await page.close();
