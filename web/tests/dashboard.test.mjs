@@ -142,7 +142,8 @@ test('a new round appears in the live list within seconds', async () => {
   await page.locator('#round-list a').first().waitFor();
   const newest = Math.max(...await roundIds(page));
   await page.waitForFunction((seen) => [...document.querySelectorAll('#round-list a[data-round]')]
-    .some((link) => Number(link.dataset.round) > seen), newest, { timeout: 30_000 });
+    .some((link) => Number(link.dataset.round) > seen), newest, { timeout: 30_000 })
+    .catch((error) => { throw new Error(`${error.message}; newest ${newest}; server log:\n${server.log.slice(-3000)}`); });
   await shot(page, 'rounds-live');
   assert.deepEqual(page.errors, []);
   await page.close();
