@@ -172,32 +172,50 @@ enum Taken {
 async fn write_batch(store: &Store, jobs: Vec<Job>) {
     let mut taken = Vec::with_capacity(jobs.len());
     let mut pending = jobs.into_iter().peekable();
-    let written = write_in_order(store, &mut pending, &mut taken).await;
-    let error = written.err().map(Arc::new);
-    let answer = |taken: Taken| match (taken, &error) {
-        (Taken::Bid(reply, Some(result)), None) => drop(reply.send(Ok(result))),
-        (Taken::Lookup(reply, Some(result)), None) => drop(reply.send(Ok(result))),
-        (Taken::Decision(reply, commit), None) => drop(reply.send(Ok(commit))),
-        (Taken::Bid(reply, _), _) => drop(reply.send(Err(batch_failed(&error)))),
-        (Taken::Lookup(reply, _), _) => drop(reply.send(Err(batch_failed(&error)))),
-        (Taken::Decision(reply, _), _) => drop(reply.send(Err(batch_failed(&error)))),
-    };
-    taken.into_iter().for_each(answer);
-    // Jobs not reached when the batch failed.
-    for job in pending {
-        match job {
-            Job::Bid(_, reply) => drop(reply.send(Err(batch_failed(&error)))),
-            Job::Lookup { reply, .. } => drop(reply.send(Err(batch_failed(&error)))),
-            Job::Decision(_, _, reply) => drop(reply.send(Err(batch_failed(&error)))),
+    match write_in_order(store, &mut pending, &mut taken).await {
+        Ok(()) => taken.into_iter().for_each(Taken::succeed),
+        Err(error) => {
+            let error = Arc::new(error);
+            taken.into_iter().for_each(|job| job.fail(&error));
+            // Jobs not reached when the batch failed.
+            pending.for_each(|job| job.fail(&error));
         }
     }
 }
 
-fn batch_failed(error: &Option<Arc<StoreError>>) -> StoreError {
-    match error {
-        Some(error) => StoreError::Batch(error.clone()),
-        None => StoreError::WriterStopped,
+impl Taken {
+    fn succeed(self) {
+        match self {
+            Self::Bid(reply, Some(result)) => drop(reply.send(Ok(result))),
+            Self::Lookup(reply, Some(result)) => drop(reply.send(Ok(result))),
+            Self::Decision(reply, commit) => drop(reply.send(Ok(commit))),
+            // Only a failed statement leaves an answer unknown, and then the batch failed.
+            Self::Bid(reply, None) => drop(reply.send(Err(StoreError::WriterStopped))),
+            Self::Lookup(reply, None) => drop(reply.send(Err(StoreError::WriterStopped))),
+        }
     }
+
+    fn fail(self, error: &Arc<StoreError>) {
+        match self {
+            Self::Bid(reply, _) => send_failure(reply, error),
+            Self::Lookup(reply, _) => send_failure(reply, error),
+            Self::Decision(reply, _) => send_failure(reply, error),
+        }
+    }
+}
+
+impl Job {
+    fn fail(self, error: &Arc<StoreError>) {
+        match self {
+            Self::Bid(_, reply) => send_failure(reply, error),
+            Self::Lookup { reply, .. } => send_failure(reply, error),
+            Self::Decision(_, _, reply) => send_failure(reply, error),
+        }
+    }
+}
+
+fn send_failure<T>(reply: Reply<T>, error: &Arc<StoreError>) {
+    let _ = reply.send(Err(StoreError::Batch(error.clone())));
 }
 
 async fn write_in_order(
@@ -257,10 +275,9 @@ async fn insert_framework_bids(
     tx: &mut Transaction<'_, Postgres>,
     bids: &[NewBid],
 ) -> Result<Vec<BidInsert>, StoreError> {
-    let new: Vec<&NewBid> = bids.iter().collect();
-    let ids = insert_bids(tx, &new, BidSource::Framework).await?;
-    let mut results = Vec::with_capacity(new.len());
-    for (bid, id) in new.iter().zip(ids) {
+    let ids = insert_bids(tx, bids, BidSource::Framework).await?;
+    let mut results = Vec::with_capacity(bids.len());
+    for (bid, id) in bids.iter().zip(ids) {
         results.push(match (id, &bid.idempotency_key) {
             (Some(id), _) => BidInsert::Stored(id),
             (None, Some(key)) => match bid_with_key(tx, bid.round, bid.app, key).await? {
@@ -293,7 +310,7 @@ async fn bid_with_key(
 /// where the app already had a bid in the round.
 pub(super) async fn insert_bids(
     tx: &mut Transaction<'_, Postgres>,
-    bids: &[&NewBid],
+    bids: &[NewBid],
     source: BidSource,
 ) -> Result<Vec<Option<i64>>, sqlx::Error> {
     let rounds: Vec<i64> = bids.iter().map(|bid| bid.round).collect();
@@ -340,7 +357,7 @@ pub(super) async fn insert_bids(
 /// rectangular, and bundles differ in size.
 async fn insert_entries(
     tx: &mut Transaction<'_, Postgres>,
-    bids: &[&NewBid],
+    bids: &[NewBid],
     ids: &[Option<i64>],
 ) -> Result<(), sqlx::Error> {
     let (mut bid_ids, mut entries, mut positions, mut gpus, mut rhos) =

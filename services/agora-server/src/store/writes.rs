@@ -355,7 +355,7 @@ async fn write_closed_round(
             received_at: round.closed_at,
         })
         .collect();
-    let stored = insert_bids(tx, &agent_bids.iter().collect::<Vec<_>>(), BidSource::Agent).await?;
+    let stored = insert_bids(tx, &agent_bids, BidSource::Agent).await?;
     if stored.contains(&None) {
         // The arbiter uses an agent's bid only for an app without a bid of its own.
         return Err(sqlx::Error::Protocol(format!(
