@@ -1,6 +1,6 @@
 //! Writes: the arbiter's [`Commit`] (one transaction per decision) and the few inserts that
 //! happen outside rounds (tenants, tokens, apps, the fleet). Framework bids have their own
-//! writer (`bids.rs`).
+//! writer (`writer.rs`).
 
 use agora_market::auction::AppBid;
 use agora_market::lease::LeaseState;
