@@ -26,7 +26,9 @@ use crate::lease::{Lease, LeaseBook, LeaseError, LeaseId};
 use crate::leftover::{LeftoverPolicy, Recipient};
 use crate::policy::Policy;
 use crate::rho::{rho_old_sort_key, RhoOld};
-use crate::round::{decide_round, decide_with, merge, offered_subset, Grants, RoundInputs};
+use crate::round::{
+    decide_round, decide_with, merge, offered_subset, Grants, RoundDecision, RoundInputs,
+};
 use crate::time::Timestamp;
 use crate::topology::{Cluster, GpuId, GpuIndex, GpuLocation};
 
@@ -191,6 +193,13 @@ pub struct RoundOutcome {
     pub leftover_grants: BTreeMap<AppId, Vec<GpuId>>,
     /// Every allocation of the round, as leases.
     pub leases: Vec<Lease>,
+}
+
+/// A round decided by [`Market::decide_round`], waiting for [`Market::apply_round`].
+#[derive(Debug)]
+pub struct DecidedRound {
+    inputs: RoundInputs,
+    decision: RoundDecision,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -672,7 +681,20 @@ impl Market {
         bids: Vec<AppBid>,
         seed: u64,
     ) -> Result<RoundOutcome, MarketError> {
-        let offered = self.offered_indices(&round.offer.offer)?;
+        let decided = self.decide_round(round, bids, seed)?;
+        self.apply_round(decided)
+    }
+
+    /// Decides a round (the auction and its leftovers) without changing the market, so that a
+    /// snapshot can decide it on another thread while the market goes on; [`Self::apply_round`]
+    /// then grants its leases.
+    pub fn decide_round(
+        &self,
+        round: RoundOffer,
+        bids: Vec<AppBid>,
+        seed: u64,
+    ) -> Result<DecidedRound, MarketError> {
+        self.offered_indices(&round.offer.offer)?;
         let inputs = RoundInputs {
             now: round.now,
             seed,
@@ -689,10 +711,26 @@ impl Market {
                 self.reauction(&inputs, non_bidders, leftover)
             })?,
         };
+        Ok(DecidedRound { inputs, decision })
+    }
+
+    /// Grants a decided round's leases. If, since the snapshot that decided it, an offered GPU
+    /// changed hands or left service, or an app that won GPUs left the market, the round fails
+    /// ([`MarketError::StaleOffer`], [`MarketError::UnknownApp`]) and nothing changes.
+    pub fn apply_round(&mut self, decided: DecidedRound) -> Result<RoundOutcome, MarketError> {
+        let DecidedRound { inputs, decision } = decided;
+        let offered = self.offered_indices(&inputs.offer)?;
+        let departed = decision
+            .grants
+            .iter()
+            .find(|(app, gpus)| !gpus.is_empty() && !self.participants.contains_key(*app));
+        if let Some((app, _)) = departed {
+            return Err(MarketError::UnknownApp(app.clone()));
+        }
         let leases = self.grant_leases(&decision.grants, &offered, inputs.now)?;
         Ok(RoundOutcome {
             now: inputs.now,
-            seed,
+            seed: inputs.seed,
             offer: inputs.offer,
             policy: Policy::Themis,
             standings: inputs.standings,

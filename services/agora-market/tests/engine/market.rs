@@ -2,8 +2,11 @@
 //! invariants on random ones.
 
 use agora_market::app::AppId;
+use agora_market::auction::AppBid;
 use agora_market::lease::LeaseState;
-use agora_market::market::{AuctionRecord, Market, MarketConfig, MarketError, RoundOutcome};
+use agora_market::market::{
+    AuctionRecord, Market, MarketConfig, MarketError, RoundOffer, RoundOutcome,
+};
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, GpuIndex, Locality};
 use proptest::prelude::*;
@@ -224,6 +227,75 @@ fn closing_a_stale_offer_changes_nothing() {
         .expect("known app");
     market.set_gpu_health(GpuIndex(1), false, Timestamp(0));
     let result = market.close_round(round, vec![bid], 1);
+    assert!(
+        matches!(result, Err(MarketError::StaleOffer(_))),
+        "{result:?}"
+    );
+    assert_eq!(market.leases().active().count(), 0);
+}
+
+/// A market with apps "a" and "b" (1 GPU each) and a round offering two GPUs to both, with
+/// the agents' bids.
+fn decided_on_a_snapshot() -> (Market, RoundOffer, Vec<AppBid>) {
+    let mut market = market(uniform_cluster(1, 1, 1, 2), 0.0);
+    for app in ["a", "b"] {
+        market
+            .add_app(single_job_app(app, 1, 100, 1.0), Timestamp(0))
+            .expect("new app");
+    }
+    let round = market.open_round(Timestamp(0)).expect("offer");
+    let bids = round
+        .bidders
+        .iter()
+        .map(|app| market.agent_bid(&round, app).expect("known app"))
+        .collect();
+    (market, round, bids)
+}
+
+#[test]
+fn a_round_decided_on_a_snapshot_applies_as_if_closed_at_once() {
+    let (mut market, round, bids) = decided_on_a_snapshot();
+    let mut closed_at_once = market.clone();
+    let expected = closed_at_once
+        .close_round(round.clone(), bids.clone(), 7)
+        .expect("valid round");
+    let decided = market.decide_round(round, bids, 7).expect("valid round");
+    assert_eq!(
+        market.leases().active().count(),
+        0,
+        "deciding changes nothing"
+    );
+    // The market goes on meanwhile: an app arrives.
+    market
+        .add_app(single_job_app("c", 1, 100, 1.0), Timestamp(1))
+        .expect("new app");
+    let outcome = market
+        .apply_round(decided)
+        .expect("nothing it decided changed");
+    assert_eq!(outcome, expected);
+    assert_eq!(held(&market, "a").len() + held(&market, "b").len(), 2);
+}
+
+#[test]
+fn a_round_whose_winner_left_while_it_was_decided_changes_nothing() {
+    let (mut market, round, bids) = decided_on_a_snapshot();
+    let decided = market.decide_round(round, bids, 7).expect("valid round");
+    market
+        .remove_app(&AppId::from("a"), Timestamp(1))
+        .expect("known app");
+    assert_eq!(
+        market.apply_round(decided),
+        Err(MarketError::UnknownApp(AppId::from("a")))
+    );
+    assert_eq!(market.leases().active().count(), 0);
+}
+
+#[test]
+fn a_round_whose_gpu_left_service_while_it_was_decided_changes_nothing() {
+    let (mut market, round, bids) = decided_on_a_snapshot();
+    let decided = market.decide_round(round, bids, 7).expect("valid round");
+    market.set_gpu_health(GpuIndex(0), false, Timestamp(1));
+    let result = market.apply_round(decided);
     assert!(
         matches!(result, Err(MarketError::StaleOffer(_))),
         "{result:?}"

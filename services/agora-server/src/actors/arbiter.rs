@@ -16,7 +16,7 @@ use actix::prelude::*;
 use agora_market::app::AppId;
 use agora_market::auction::AppBid;
 use agora_market::lease::Lease;
-use agora_market::market::{Market, RoundOffer, Withdrawal};
+use agora_market::market::{DecidedRound, Market, RoundOffer, Withdrawal};
 use agora_market::time::Timestamp;
 use agora_market::topology::{GpuId, GpuIndex};
 use agora_protocol::Enforcement;
@@ -58,6 +58,8 @@ pub(super) struct Notice {
 pub(super) enum RoundState {
     Idle,
     Open(Box<PendingRound>),
+    /// Closed to bids; its auction is being decided off the arbiter's thread.
+    Deciding,
 }
 
 #[derive(Debug)]
@@ -398,14 +400,12 @@ impl Arbiter {
         if !due {
             return;
         }
-        let RoundState::Open(round) = std::mem::replace(&mut self.round, RoundState::Idle) else {
+        let RoundState::Open(round) = std::mem::replace(&mut self.round, RoundState::Deciding)
+        else {
             return;
         };
-        let round_span = round.trace.span.clone();
-        let _round = round_span.enter();
         // The round's bids were queued to the writer before its outcome will be.
-        let reply = self.close_round(*round, ctx);
-        self.run_internal(reply, ctx);
+        self.decide_round(*round, ctx);
     }
 
     /// A bid that was counted but not stored no longer counts: the app may bid again.
@@ -417,33 +417,54 @@ impl Arbiter {
         }
     }
 
-    fn close_round(&mut self, round: PendingRound, ctx: &mut Context<Self>) -> Reply<()> {
-        let now = self.now();
+    /// Decides the round on a snapshot of the market, on a blocking thread: the solver may take
+    /// long, and meanwhile the mailbox goes on serving releases, progress and registrations.
+    /// The decision is then applied to the market as it is by then.
+    fn decide_round(&mut self, round: PendingRound, ctx: &mut Context<Self>) {
         let PendingRound {
             id,
             seed,
             offer,
-            mut framework_bids,
+            framework_bids,
             agent_bids,
             trace,
             ..
         } = round;
+        let round_span = trace.span.clone();
         let opened = trace.bids_collected();
-        let mut agent_bids_used = Vec::new();
-        let bids: Vec<AppBid> = offer
-            .bidders
-            .iter()
-            .filter_map(|app| match framework_bids.remove(app) {
-                Some(bid) => Some(bid),
-                None => {
-                    let bid = agent_bids.get(app).cloned()?;
-                    agent_bids_used.push(bid.clone());
-                    Some(bid)
-                }
-            })
-            .collect();
+        let (bids, agent_bids_used) = final_bids(&offer.bidders, framework_bids, agent_bids);
+        let snapshot = self.market.clone();
+        let solver_span = round_span.clone();
+        let decided = actix_web::rt::task::spawn_blocking(move || {
+            solver_span.in_scope(|| snapshot.decide_round(offer, bids, seed))
+        });
+        let settle = decided.into_actor(self).map(move |decided, arbiter, ctx| {
+            let _round = round_span.enter();
+            arbiter.round = RoundState::Idle;
+            let decided = match decided {
+                Ok(decided) => decided.map_err(|error| error.to_string()),
+                Err(panic) => Err(format!("the auction failed: {panic}")),
+            };
+            let reply = arbiter.settle_round(id, decided, opened, agent_bids_used, ctx);
+            arbiter.run_internal(reply, ctx);
+        });
+        ctx.spawn(settle);
+    }
+
+    /// Grants a decided round's leases, or abandons the round (and opens a new one) if it
+    /// could not be decided or the market changed under it.
+    fn settle_round(
+        &mut self,
+        id: i64,
+        decided: Result<DecidedRound, String>,
+        opened: Instant,
+        agent_bids_used: Vec<AppBid>,
+        ctx: &mut Context<Self>,
+    ) -> Reply<()> {
         let mut next = self.market.clone();
-        let outcome = match next.close_round(offer, bids, seed) {
+        let applied = decided
+            .and_then(|decided| next.apply_round(decided).map_err(|error| error.to_string()));
+        let outcome = match applied {
             Ok(outcome) => outcome,
             Err(error) => {
                 tracing::warn!(round = id, %error, "round abandoned; a new one opens");
@@ -456,7 +477,8 @@ impl Arbiter {
                 });
             }
         };
-        let commit = match records::closed_round(&next, id, now, &outcome, &agent_bids_used) {
+        let commit = match records::closed_round(&next, id, self.now(), &outcome, &agent_bids_used)
+        {
             Ok(commit) => commit,
             Err(error) => return Box::pin(actix::fut::ready(Err(error))),
         };
@@ -606,6 +628,28 @@ impl Handler<AgentBid> for Arbiter {
         round.agent_bids.insert(answer.bid.app.clone(), answer.bid);
         self.close_round_if_due(ctx);
     }
+}
+
+/// Each bidder's final bid, in bidding order: the framework's if it posted one, else its
+/// agent's; and the agents' bids that were used.
+fn final_bids(
+    bidders: &[AppId],
+    mut framework_bids: BTreeMap<AppId, AppBid>,
+    agent_bids: BTreeMap<AppId, AppBid>,
+) -> (Vec<AppBid>, Vec<AppBid>) {
+    let mut agent_bids_used = Vec::new();
+    let bids = bidders
+        .iter()
+        .filter_map(|app| match framework_bids.remove(app) {
+            Some(bid) => Some(bid),
+            None => {
+                let bid = agent_bids.get(app).cloned()?;
+                agent_bids_used.push(bid.clone());
+                Some(bid)
+            }
+        })
+        .collect();
+    (bids, agent_bids_used)
 }
 
 /// Fresh randomness for a round's seed (recorded, so the round replays exactly).
