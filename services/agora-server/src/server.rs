@@ -20,6 +20,7 @@ use agora_market::topology::{Cluster, Gpu, GpuId, GpuIndex, GpuLocation};
 use agora_protocol::Enforcement;
 use anyhow::{anyhow, Context as _};
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 use crate::actors::agent::Bidding;
 use crate::actors::arbiter::{Arbiter, ArbiterSettings, ReopenedRound, Restored};
@@ -38,12 +39,15 @@ pub struct Running {
     pub arbiter: Addr<Arbiter>,
     pub store: Store,
     failure: oneshot::Receiver<String>,
+    /// Listens to token changes for the API's token memory.
+    token_changes: JoinHandle<()>,
 }
 
 impl Running {
     /// Stops taking requests, finishes the ones in flight, and stops the arbiter.
     pub async fn stop(&self) {
         self.http.stop(true).await;
+        self.token_changes.abort();
         self.arbiter.do_send(crate::actors::Shutdown);
     }
 
@@ -87,7 +91,9 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
         worker_token_sha256: config.accepted_worker_token().map(api::token_sha256),
         notices,
         owners: Arc::default(),
+        tokens: Arc::default(),
     };
+    let token_changes = actix_web::rt::spawn(state.tokens.clone().follow_changes(store.clone()));
     let http = HttpServer::new(move || {
         HttpApp::new()
             .app_data(web::Data::new(state.clone()))
@@ -117,6 +123,7 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
         arbiter,
         store,
         failure,
+        token_changes,
     })
 }
 

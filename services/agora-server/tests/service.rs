@@ -405,6 +405,36 @@ async fn bad_input_is_refused_and_nothing_is_stored_and_tenants_are_isolated() {
 }
 
 #[actix_web::test]
+async fn a_token_deleted_from_the_database_stops_working() {
+    let database = fresh_database().await;
+    let service = serve(&config(&database), start_clock()).await;
+    let vision = service.tenant("vision").await;
+    let speech = service.tenant("speech").await;
+    for _ in 0..2 {
+        let (status, _) = service.call("GET", "/v1/apps", &vision, None).await;
+        assert_eq!(status, 200, "a fresh token works, looked up or remembered");
+    }
+    sqlx::query(
+        "DELETE FROM api_tokens WHERE tenant_id = (SELECT id FROM tenants WHERE name = 'vision')",
+    )
+    .execute(service.running.store.pool())
+    .await
+    .expect("delete the token");
+    // The deletion reaches the service as a notice (migration 0006), within moments.
+    let mut status = 200;
+    for _ in 0..100 {
+        status = service.call("GET", "/v1/apps", &vision, None).await.0;
+        if status == 401 {
+            break;
+        }
+        actix_web::rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, 401, "the deleted token is refused");
+    let (status, _) = service.call("GET", "/v1/apps", &speech, None).await;
+    assert_eq!(status, 200, "other tokens go on working");
+}
+
+#[actix_web::test]
 async fn the_database_refuses_a_gpu_leased_twice() {
     let database = fresh_database().await;
     let service = serve(&config(&database), start_clock()).await;

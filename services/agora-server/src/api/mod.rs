@@ -7,6 +7,7 @@ mod events;
 mod market;
 mod metrics;
 pub mod problem;
+mod tokens;
 mod workers;
 
 use std::collections::HashMap;
@@ -26,6 +27,8 @@ use crate::actors::arbiter::Arbiter;
 use crate::notices::Notices;
 use crate::store::{AppRow, Store};
 use problem::ApiError;
+use tokens::Lookup;
+pub use tokens::Tokens;
 
 /// What every handler can reach.
 #[derive(Debug, Clone)]
@@ -39,12 +42,13 @@ pub struct ApiState {
     pub notices: Arc<Notices>,
     /// App owners already looked up.
     pub owners: Arc<Owners>,
+    /// Bearer tokens already looked up.
+    pub tokens: Arc<Tokens>,
 }
 
 /// App owners already looked up, so that a busy framework's requests do not each cost an app
 /// query. An app never changes tenant, so an owner found in the database stays true (and the
-/// map is bounded by the apps table). Tokens are looked up on every request: a token deleted
-/// from `api_tokens` stops working at once.
+/// map is bounded by the apps table).
 #[derive(Debug, Default)]
 pub struct Owners {
     apps: RwLock<HashMap<i64, i64>>,
@@ -121,10 +125,17 @@ impl FromRequest for Caller {
             if state.admin_token_sha256 == Some(hash) {
                 return Ok(Self::Admin);
             }
-            match state.store.tenant_for_token(&hash).await? {
-                Some(tenant) => Ok(Self::Tenant(tenant)),
-                None => Err(ApiError::unauthorized()),
-            }
+            let generation = match state.tokens.lookup(&hash) {
+                Lookup::Tenant(tenant) => return Ok(Self::Tenant(tenant)),
+                Lookup::Unknown { generation } => generation,
+            };
+            let tenant = state
+                .store
+                .tenant_for_token(&hash)
+                .await?
+                .ok_or_else(ApiError::unauthorized)?;
+            state.tokens.remember(hash, tenant, generation);
+            Ok(Self::Tenant(tenant))
         })
     }
 }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
+use sqlx::postgres::PgListener;
 use utoipa::ToSchema;
 
 use super::{Store, StoreError};
@@ -198,6 +199,13 @@ impl Store {
         )
         .fetch_optional(&self.pool)
         .await?)
+    }
+
+    /// A connection listening to changes of `api_tokens` (migration 0006).
+    pub async fn token_changes(&self) -> Result<PgListener, StoreError> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen("agora_token_changes").await?;
+        Ok(listener)
     }
 
     pub async fn app(&self, id: i64) -> Result<Option<AppRow>, StoreError> {
