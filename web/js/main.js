@@ -14,6 +14,7 @@ const REFRESH_MS = 2000;
 let context = null; // { me, admin, appsById }
 let view = null; // what the open view's show() returned: { update(round) }
 let stopStream = null;
+let navigations = 0; // counts route() calls, so that only the latest one's view goes live
 
 /** The caller and the apps it may see, re-read so new and finished apps show up. */
 async function loadContext() {
@@ -114,13 +115,22 @@ async function route(moveFocus) {
     if (link.dataset.view === current) link.setAttribute('aria-current', 'page');
     else link.removeAttribute('aria-current');
   }
-  const container = document.getElementById('view');
+  // Each navigation renders into its own element. A view still loading when the next
+  // navigation begins renders into a detached element and never becomes the live view.
+  const navigation = ++navigations;
+  const container = document.createElement('div');
+  document.getElementById('view').replaceChildren(container);
+  view = null;
+  let shown = null;
   try {
-    view = await show(container, context, param ? Number(param) : null);
+    shown = await show(container, context, param ? Number(param) : null);
   } catch (error) {
+    if (navigation !== navigations) return;
     if (error instanceof ApiError && error.status === 401) return signOut();
     container.replaceChildren(Object.assign(document.createElement('p'), { className: 'error', textContent: error.message }));
   }
+  if (navigation !== navigations) return;
+  view = shown;
   if (moveFocus) container.querySelector('h2')?.focus();
 }
 
