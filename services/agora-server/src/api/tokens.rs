@@ -30,6 +30,13 @@ struct Remembered {
     generation: u64,
 }
 
+impl Remembered {
+    fn forget_all(&mut self) {
+        self.tenants.clear();
+        self.generation += 1;
+    }
+}
+
 /// What [`Tokens::lookup`] found in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lookup {
@@ -62,14 +69,15 @@ impl Tokens {
 
     /// Tokens changed (or may have, unnoticed): forget them all.
     fn forget_all(&self) {
-        let mut state = self.write();
-        state.tenants.clear();
-        state.generation += 1;
+        self.write().forget_all();
     }
 
+    /// Forgets and starts or stops listening under one lock, so that no look-up is remembered
+    /// in between.
     fn set_listening(&self, listening: bool) {
-        self.forget_all();
-        self.write().listening = listening;
+        let mut state = self.write();
+        state.forget_all();
+        state.listening = listening;
     }
 
     /// Listens to token changes for as long as the service runs, listening again after a
