@@ -39,12 +39,17 @@ const TINY_JSON: &str = r#"{
 }
 "#;
 
-const SUMMARY_HEADER: &str = "policy,apps,max_rho,jains_index,fraction_rho_above_one,\
-mean_completion_hours,p99_completion_hours,gpu_hours,makespan_hours,reallocations,\
-mean_placement_score,rounds,unfinished_apps";
+const SUMMARY_HEADER: &str = "policy,apps,max_rho,p99_rho,p95_rho,median_rho,mean_rho,\
+jains_index,apps_rho_above_one,apps_rho_above_two,mean_completion_hours,p99_completion_hours,\
+gpu_hours,restart_gpu_hours,makespan_hours,reallocations,restarts,leases,lease_renewals,\
+mean_offer_gpus,single_gpu_offers,bids,empty_bids,mean_placement_score,rounds,unfinished_apps";
 
-const APPS_HEADER: &str = "app,model,finished,arrival_seconds,completion_seconds,rho,\
-gpu_seconds,placement_score,reallocations";
+const APPS_HEADER: &str = "app,model,finished,arrival_seconds,completion_seconds,\
+t_cluster_seconds,n_avg,rho,gpu_seconds,placement_score,reallocations,restarts,\
+restart_gpu_seconds";
+
+/// The terminal table's columns.
+const TABLE_COLUMNS: usize = 21;
 
 fn agora(args: &[&str]) -> Output {
     Command::new(AGORA)
@@ -107,21 +112,28 @@ fn table_rows(stdout: &str) -> Vec<Vec<String>> {
     let mut lines = stdout.lines();
     let header: Vec<&str> = lines.next().expect("a header").split_whitespace().collect();
     assert_eq!(header.first(), Some(&"policy"), "{stdout}");
-    assert_eq!(header.len(), 12, "{stdout}");
+    assert_eq!(header.len(), TABLE_COLUMNS, "{stdout}");
     for column in [
         "max_rho",
+        "p95",
         "jain",
         "rho>1",
+        "rho>2",
         "mean_jct_h",
-        "p99_jct_h",
         "gpu_h",
+        "restart_h",
+        "realloc",
+        "restarts",
+        "renewals",
+        "offer",
+        "empty_bids",
     ] {
         assert!(header.contains(&column), "{column} missing: {stdout}");
     }
     lines
         .map(|line| {
             let cells: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
-            assert_eq!(cells.len(), 12, "{line}");
+            assert_eq!(cells.len(), TABLE_COLUMNS, "{line}");
             cells
         })
         .collect()
@@ -340,6 +352,16 @@ fn bad_workloads_are_input_errors() {
     let wrong_json = dir.write("wrong.json", "{\"apps\": [], \"extra\": 1}");
     let broken_csv = dir.write("broken.csv", "job_id,num_gpu\n1,2\n");
     let other = dir.write("workload.txt", "apps");
+    let header = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n";
+    let far_future = dir.write("far.csv", &format!("{header}0,1,1.9e16,10,vgg16,100,0\n"));
+    let endless = dir.write("endless.csv", &format!("{header}0,1,0,10,vgg16,1e8,0\n"));
+    let instant = dir.write("instant.csv", &format!("{header}0,1,0,10,vgg16,1e-300,0\n"));
+    let too_wide = dir.write("wide.csv", &format!("{header}0,128,0,10,vgg16,100,0\n"));
+    let empty = dir.write("empty.json", "{\"apps\": []}");
+    let bom = dir.write(
+        "bom.csv",
+        &format!("\u{feff}{header}0,1,0,10,vgg16,100,0\n"),
+    );
     for (workload, mentions) in [
         (missing_json.as_str(), "missing.json"),
         (missing_csv.as_str(), "missing.csv"),
@@ -347,6 +369,11 @@ fn bad_workloads_are_input_errors() {
         (wrong_json.as_str(), "wrong.json"),
         (broken_csv.as_str(), "broken.csv"),
         (other.as_str(), "--workload"),
+        (far_future.as_str(), "arrival_seconds"),
+        (endless.as_str(), "116 days"),
+        (instant.as_str(), "serial_iteration_time"),
+        (too_wide.as_str(), "the cluster has only 64"),
+        (empty.as_str(), "no apps"),
         ("workload3", "--workload workload3"),
         ("workload1:apps=many", "apps"),
         ("workload1:size=3", "size"),
@@ -358,6 +385,14 @@ fn bad_workloads_are_input_errors() {
             mentions,
         );
     }
+    // A byte order mark, as spreadsheet programs write, is not an error.
+    stdout_of_success(&agora(&[
+        "simulate",
+        "--cluster",
+        &cluster,
+        "--workload",
+        &bom,
+    ]));
 }
 
 #[test]

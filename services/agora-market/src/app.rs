@@ -87,6 +87,10 @@ pub struct JobInfo {
     pub slowdown: PlacementSlowdown,
 }
 
+/// The shortest serial iteration time a job may declare: a microsecond. Shorter ones are
+/// errors in the input, and would make times and rho underflow.
+pub const MIN_ITERATION_SECONDS: f64 = 1e-6;
+
 /// One training job of an app.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -114,9 +118,11 @@ impl Job {
         if self.total_iterations == 0 {
             return Err("total_iterations must be at least 1".to_owned());
         }
-        if !(self.serial_iteration_time.is_finite() && self.serial_iteration_time > 0.0) {
+        if !(self.serial_iteration_time.is_finite()
+            && self.serial_iteration_time >= MIN_ITERATION_SECONDS)
+        {
             return Err(format!(
-                "serial_iteration_time must be positive and finite, got {}",
+                "serial_iteration_time must be a finite number of seconds >= {MIN_ITERATION_SECONDS}, got {}",
                 self.serial_iteration_time
             ));
         }
@@ -138,11 +144,11 @@ impl Job {
         Ok(())
     }
 
-    fn info(&self, iterations_remaining: f64) -> JobInfo {
+    fn info(&self, iterations_remaining: f64, max_gpus: u32) -> JobInfo {
         JobInfo {
             iterations_remaining,
             serial_iteration_time: self.serial_iteration_time,
-            max_gpus: self.max_gpus,
+            max_gpus,
             slowdown: self.slowdown,
         }
     }
@@ -175,6 +181,11 @@ pub struct SuccessiveHalving {
     pub budget_gpu_seconds: f64,
     pub phase_iterations: Vec<u64>,
     pub jobs_per_phase: Vec<u32>,
+    /// The most GPUs each job may use in each phase (Figure 8: as the jobs halve, each survivor
+    /// may use twice the GPUs, so the search keeps its width). Empty: every job keeps its own
+    /// `max_gpus` in every phase.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub max_gpus_per_phase: Vec<u32>,
     #[serde(default)]
     pub current_phase: usize,
     /// Every job of the search; the ones still running are those of the current phase.
@@ -193,6 +204,14 @@ impl SuccessiveHalving {
         let mut running: Vec<&Job> = self.jobs.iter().filter(|job| !job.stopped).collect();
         running.sort_by(|a, b| a.serial_iteration_time.total_cmp(&b.serial_iteration_time));
         running.get(running.len() / 2).copied()
+    }
+
+    /// The most GPUs `job` may use in `phase`.
+    pub fn job_max_gpus(&self, phase: usize, job: &Job) -> u32 {
+        self.max_gpus_per_phase
+            .get(phase)
+            .copied()
+            .unwrap_or(job.max_gpus)
     }
 
     /// Moves to the next phase, stopping every running job not in `survivors`.
@@ -222,7 +241,10 @@ impl SuccessiveHalvingAgent for SuccessiveHalving {
                 .jobs
                 .iter()
                 .filter(|job| !job.stopped && job.completed_iterations < phase_end)
-                .map(|job| job.info((phase_end - job.completed_iterations) as f64))
+                .map(|job| {
+                    let remaining = (phase_end - job.completed_iterations) as f64;
+                    job.info(remaining, self.job_max_gpus(phase, job))
+                })
                 .collect();
         }
         let (Some(median), Some(&count), Some(&iterations)) = (
@@ -232,7 +254,8 @@ impl SuccessiveHalvingAgent for SuccessiveHalving {
         ) else {
             return Vec::new();
         };
-        vec![median.info(iterations as f64); count as usize]
+        let max_gpus = self.job_max_gpus(phase, median);
+        vec![median.info(iterations as f64, max_gpus); count as usize]
     }
 
     fn budget_gpu_seconds(&self) -> f64 {
@@ -272,9 +295,8 @@ impl PerformanceCurveAgent for PerformanceCurve {
                 !curve.job.stopped && curve.job.completed_iterations < curve.stopping_iteration()
             })
             .map(|curve| {
-                curve
-                    .job
-                    .info((curve.stopping_iteration() - curve.job.completed_iterations) as f64)
+                let remaining = curve.stopping_iteration() - curve.job.completed_iterations;
+                curve.job.info(remaining as f64, curve.job.max_gpus)
             })
             .collect()
     }
@@ -310,7 +332,8 @@ impl App {
     pub fn running_jobs(&self) -> Vec<JobInfo> {
         match &self.kind {
             AppKind::SingleJob { job } if job.is_active() => {
-                vec![job.info((job.total_iterations - job.completed_iterations) as f64)]
+                let remaining = job.total_iterations - job.completed_iterations;
+                vec![job.info(remaining as f64, job.max_gpus)]
             }
             AppKind::SingleJob { .. } => Vec::new(),
             AppKind::SuccessiveHalving(search) => search.jobs_in_phase(search.current_phase, 0),
@@ -344,9 +367,33 @@ impl App {
         }
     }
 
-    /// The most GPUs the app can use right now: the sum of its running jobs' demands.
+    /// The most GPUs `job` (one of this app's) may use now.
+    pub fn job_max_gpus(&self, job: &Job) -> u32 {
+        match &self.kind {
+            AppKind::SuccessiveHalving(search) => search.job_max_gpus(search.current_phase, job),
+            _ => job.max_gpus,
+        }
+    }
+
+    /// The most GPUs the app can use now: the sum of its running jobs' demands. A
+    /// successive-halving search also keeps what its next phase will use, so GPUs freed by jobs
+    /// that finished the phase first stay for the survivors instead of leaving and coming back
+    /// (each return a restart).
     pub fn current_demand(&self) -> u32 {
-        self.running_jobs().iter().map(|job| job.max_gpus).sum()
+        let demand = |jobs: Vec<JobInfo>| jobs.iter().map(|job| job.max_gpus).sum::<u32>();
+        let running = demand(self.running_jobs());
+        match &self.kind {
+            AppKind::SuccessiveHalving(search) if running > 0 => {
+                let next = search.current_phase + 1;
+                let upcoming = if next < search.num_phases() {
+                    demand(search.jobs_in_phase(next, 0))
+                } else {
+                    0
+                };
+                running.max(upcoming)
+            }
+            _ => running,
+        }
     }
 
     /// Every job of the app, stopped and finished ones included.
@@ -375,6 +422,17 @@ impl App {
             }
             if !(search.budget_gpu_seconds.is_finite() && search.budget_gpu_seconds > 0.0) {
                 return Err("budget_gpu_seconds must be positive".to_owned());
+            }
+            let caps = &search.max_gpus_per_phase;
+            if !caps.is_empty() && caps.len() != search.phase_iterations.len() {
+                return Err(format!(
+                    "max_gpus_per_phase must have one entry per phase ({}), got {}",
+                    search.phase_iterations.len(),
+                    caps.len()
+                ));
+            }
+            if caps.contains(&0) {
+                return Err("max_gpus_per_phase entries must be at least 1".to_owned());
             }
         }
         let mut ids = std::collections::BTreeSet::new();
@@ -426,6 +484,7 @@ mod tests {
                 budget_gpu_seconds: 1000.0,
                 phase_iterations: vec![10, 20],
                 jobs_per_phase: vec![2, 1],
+                max_gpus_per_phase: Vec::new(),
                 current_phase,
                 jobs: vec![job("a", completed, 2), job("b", completed, 3)],
             }),

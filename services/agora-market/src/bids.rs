@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::App;
 use crate::auction::{AppBid, BidEntry, Offer};
-use crate::fairness::{rho, FairnessContext};
-use crate::rho::RhoOld;
-use crate::topology::{GpuLocation, PlacementIndex};
+use crate::fairness::{job_widths, place_widths, rho, FairnessContext};
+use crate::rho::{Rho, RhoOld};
+use crate::topology::{GpuId, GpuLocation, PlacementIndex};
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct BidConfig {
@@ -47,10 +47,13 @@ impl PreparedOffer {
 }
 
 /// The bid of `app`, holding GPUs at `held`, for `offer`: rho_old (nothing new) and, for each
-/// count up to its unmet demand, the best-placed bundles that improve on it.
+/// count up to its unmet demand, the best-placed bundles that improve on it. `claimed` are the
+/// offered GPUs whose lease the app held until this round: bundles are sought near them, and
+/// they themselves are a candidate, so an app can renew onto the GPUs its jobs run on.
 pub fn generate_bid(
     app: &App,
     held: &[GpuLocation],
+    claimed: &[GpuId],
     offer: &PreparedOffer,
     context: &FairnessContext,
     config: &BidConfig,
@@ -59,16 +62,33 @@ pub fn generate_bid(
     let unmet = (app.current_demand() as usize)
         .saturating_sub(held.len())
         .min(offer.offer.gpus.len());
-    let counts = bundle_sizes(unmet, config.max_entries);
+    let renewal: Vec<usize> = offer
+        .offer
+        .gpus
+        .iter()
+        .enumerate()
+        .filter(|(_, gpu)| claimed.contains(&gpu.id))
+        .map(|(item, _)| item)
+        .take(unmet)
+        .collect();
+    let candidates = Candidates::new(offer, &renewal, held, config.alternatives_per_level);
+    let full_demand = job_placed_bundle(app, held, offer, unmet);
+    let mut counts = bundle_sizes(unmet, config.max_entries);
+    if !renewal.is_empty() && !counts.contains(&renewal.len()) {
+        counts.push(renewal.len());
+        counts.sort_unstable();
+    }
     let per_count = (config.max_entries / counts.len().max(1)).max(1);
     let mut bids = Vec::new();
     let mut combined: Vec<GpuLocation> = Vec::with_capacity(held.len() + unmet);
+    let mut best_smaller = f64::INFINITY;
     for count in counts {
         let mut valued: Vec<(f64, Vec<usize>)> = Vec::new();
-        for subset in offer
-            .placement
-            .candidate_subsets(count, held, config.alternatives_per_level)
-        {
+        let job_placed = full_demand
+            .iter()
+            .filter(|bundle| bundle.len() == count)
+            .cloned();
+        for subset in candidates.of_size(count).into_iter().chain(job_placed) {
             combined.clear();
             combined.extend_from_slice(held);
             combined.extend(subset.iter().map(|&item| offer.placement.location(item)));
@@ -82,6 +102,11 @@ pub fn generate_bid(
             }
         }
         valued.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // A bigger bundle that does no better than a smaller one would only hold GPUs idle.
+        valued.retain(|(value, _)| *value < best_smaller);
+        if let Some((best, _)) = valued.first() {
+            best_smaller = *best;
+        }
         for (value, subset) in valued.into_iter().take(per_count) {
             let gpus = subset
                 .iter()
@@ -89,7 +114,7 @@ pub fn generate_bid(
                 .collect();
             bids.push(BidEntry {
                 gpus,
-                rho: crate::rho::Rho::new(value).expect("rho() returns valid values"),
+                rho: Rho::new(value).expect("rho() returns valid values"),
             });
         }
     }
@@ -99,6 +124,113 @@ pub fn generate_bid(
         rho_old,
         bids,
     }
+}
+
+/// The bundles an agent considers. An app with no claim takes well-placed bundles of the
+/// offer near what it holds. An app whose lease just ended (its jobs still run on the claimed
+/// GPUs, `renewal`) keeps them: it bids for subsets of them, them whole, or them plus
+/// well-placed GPUs near them, never for a move its jobs would pay a restart for.
+struct Candidates<'a> {
+    offer: &'a PreparedOffer,
+    renewal: &'a [usize],
+    anchors: Vec<GpuLocation>,
+    per_level: usize,
+    /// Placement over the claimed GPUs, and over the rest of the offer (positions map back
+    /// through `claimed_items` and `other_items`).
+    claimed: PlacementIndex,
+    others: PlacementIndex,
+    other_items: Vec<usize>,
+}
+
+impl<'a> Candidates<'a> {
+    fn new(
+        offer: &'a PreparedOffer,
+        renewal: &'a [usize],
+        held: &[GpuLocation],
+        per_level: usize,
+    ) -> Self {
+        let location = |item: &usize| offer.placement.location(*item);
+        let other_items: Vec<usize> = if renewal.is_empty() {
+            Vec::new()
+        } else {
+            (0..offer.offer.gpus.len())
+                .filter(|item| !renewal.contains(item))
+                .collect()
+        };
+        let mut anchors = held.to_vec();
+        anchors.extend(renewal.iter().map(location));
+        Self {
+            offer,
+            renewal,
+            anchors,
+            per_level,
+            claimed: PlacementIndex::new(renewal.iter().map(location).collect()),
+            others: PlacementIndex::new(other_items.iter().map(location).collect()),
+            other_items,
+        }
+    }
+
+    /// Candidate bundles of `count` offered GPUs, as offer positions.
+    fn of_size(&self, count: usize) -> Vec<Vec<usize>> {
+        let renewal = self.renewal;
+        if renewal.is_empty() {
+            return self
+                .offer
+                .placement
+                .candidate_subsets(count, &self.anchors, self.per_level);
+        }
+        if count <= renewal.len() {
+            return self
+                .claimed
+                .candidate_subsets(count, &self.anchors, self.per_level)
+                .into_iter()
+                .map(|subset| {
+                    subset
+                        .into_iter()
+                        .map(|position| renewal[position])
+                        .collect()
+                })
+                .collect();
+        }
+        self.others
+            .candidate_subsets(count - renewal.len(), &self.anchors, self.per_level)
+            .into_iter()
+            .map(|extra| {
+                let mut bundle = renewal.to_vec();
+                bundle.extend(extra.into_iter().map(|position| self.other_items[position]));
+                bundle
+            })
+            .collect()
+    }
+}
+
+/// For an app with no claim, its whole unmet demand placed the way its scheduler places jobs
+/// (each job's width on the smallest container that holds it): the bundle the job model's
+/// T_cluster assumes, which container-by-container candidates can miss for many-job apps.
+fn job_placed_bundle(
+    app: &App,
+    held: &[GpuLocation],
+    offer: &PreparedOffer,
+    unmet: usize,
+) -> Option<Vec<usize>> {
+    let jobs = app.running_jobs();
+    if unmet == 0 || jobs.len() < 2 || !held.is_empty() {
+        return None;
+    }
+    let work: Vec<f64> = jobs
+        .iter()
+        .map(|job| job.iterations_remaining * job.serial_iteration_time)
+        .collect();
+    let demands: Vec<u32> = jobs.iter().map(|job| job.max_gpus).collect();
+    let pool: Vec<GpuLocation> = (0..offer.offer.gpus.len())
+        .map(|item| offer.placement.location(item))
+        .collect();
+    let mut bundle: Vec<usize> = place_widths(&job_widths(&work, &demands, unmet), &work, &pool)
+        .into_iter()
+        .flatten()
+        .collect();
+    bundle.sort_unstable();
+    (bundle.len() == unmet).then_some(bundle)
 }
 
 fn improves(value: f64, rho_old: RhoOld) -> bool {

@@ -1,123 +1,207 @@
 //! Finish-time fairness: rho(G) = T_shared(G) / T_independent (Themis §4.3, Equations 1 and 2),
 //! assuming the allocation G is held until the app completes.
-
-use std::ops::Range;
+//!
+//! One job model serves every estimate: an app is a sequence of phases, each a set of jobs
+//! sharing the app's GPUs ([`job_widths`]); a phase lasts as long as its slowest job, and a job
+//! whose GPU count changes between phases pauses to checkpoint and restore. T_sh's remaining
+//! time and T_cluster (the app alone on the whole cluster) are both [`plan_time`] of that model,
+//! so an app alone on an empty cluster has rho 1.
 
 use crate::app::{App, AppKind, JobInfo, PerformanceCurveAgent, SuccessiveHalvingAgent};
 use crate::rho::Rho;
 use crate::time::Timestamp;
-use crate::topology::{GpuLocation, Locality};
+use crate::topology::{GpuLocation, Locality, PlacementIndex};
 
 /// What the estimate needs besides the app and the GPUs: when it is, when the app arrived, how
-/// large the cluster is and how contended it has been over the app's lifetime.
+/// long the app would take alone on the cluster and how contended the cluster has been.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FairnessContext {
     pub now: Timestamp,
     pub arrival: Timestamp,
-    pub cluster_gpus: u32,
-    /// N_avg: the time-weighted average number of active apps since the app arrived.
+    /// T_cluster: the app's finish time alone on the whole cluster, estimated when it arrived
+    /// ([`cluster_time`]).
+    pub cluster_seconds: f64,
+    /// N_avg: the time-weighted average number of active apps over the app's lifetime so far.
     pub average_contention: f64,
+    /// How long a job pauses to checkpoint and restore when its GPU count changes.
+    pub restart_pause_seconds: f64,
 }
 
 /// rho of `app` if it holds `gpus` until it completes; `None` when that is never (no GPUs while
 /// work remains), the "starving" case.
 pub fn rho(app: &App, gpus: &[GpuLocation], context: &FairnessContext) -> Option<Rho> {
-    let independent = independent_finish_time(app, context);
+    let independent = independent_finish_time(context);
     let shared = shared_finish_time(app, gpus, context);
     Rho::new(shared / independent).ok()
 }
 
 /// T_sh: time already spent plus the time to finish holding `gpus`.
 pub fn shared_finish_time(app: &App, gpus: &[GpuLocation], context: &FairnessContext) -> f64 {
-    context.now.saturating_since(context.arrival).as_secs_f64() + remaining_time(app, gpus)
+    context.now.saturating_since(context.arrival).as_secs_f64()
+        + remaining_time(app, gpus, context.restart_pause_seconds)
 }
 
 /// T_id = T_cluster * N_avg.
-pub fn independent_finish_time(app: &App, context: &FairnessContext) -> f64 {
-    ideal_cluster_time(app, context.cluster_gpus) * context.average_contention.max(1.0)
+pub fn independent_finish_time(context: &FairnessContext) -> f64 {
+    context.cluster_seconds * context.average_contention.max(1.0)
 }
 
 /// Seconds until `app` completes if it holds `gpus` until then.
-pub fn remaining_time(app: &App, gpus: &[GpuLocation]) -> f64 {
-    let gpu_count = gpus.len() as u32;
+pub fn remaining_time(app: &App, gpus: &[GpuLocation], restart_pause_seconds: f64) -> f64 {
+    plan_time(
+        &remaining_phases(app, gpus.len() as u32),
+        gpus,
+        restart_pause_seconds,
+    )
+}
+
+/// T_cluster: seconds `app` takes from now holding every GPU of the cluster (at `cluster`),
+/// under the same job model as [`remaining_time`]: each job within its demand, its phases one
+/// after another, each job at the slowdown of its own share, resizes paused. Unlike the paper's
+/// fluid bound (total work / min(R_C, demand)) it is a time the app can actually achieve.
+pub fn cluster_time(app: &App, cluster: &[GpuLocation], restart_pause_seconds: f64) -> f64 {
+    remaining_time(app, cluster, restart_pause_seconds)
+}
+
+/// The phases `app` still has to run, the current one first, as the agent API describes them
+/// for an app holding `gpu_count` GPUs.
+pub fn remaining_phases(app: &App, gpu_count: u32) -> Vec<Vec<JobInfo>> {
     match &app.kind {
-        AppKind::SingleJob { .. } => phase_time(&app.running_jobs(), gpus),
+        AppKind::SingleJob { .. } => vec![app.running_jobs()],
         AppKind::SuccessiveHalving(search) => (search.current_phase()..search.num_phases())
-            .map(|phase| phase_time(&search.jobs_in_phase(phase, gpu_count), gpus))
-            .sum(),
-        AppKind::PerformanceCurve(search) => phase_time(&search.jobs_remaining(gpu_count), gpus),
+            .map(|phase| search.jobs_in_phase(phase, gpu_count))
+            .collect(),
+        AppKind::PerformanceCurve(search) => vec![search.jobs_remaining(gpu_count)],
     }
 }
 
-/// T_cluster: the app alone on the whole cluster, linear speed-up up to its demand, no slowdown.
-pub fn ideal_cluster_time(app: &App, cluster_gpus: u32) -> f64 {
-    let demand = match &app.kind {
-        AppKind::SingleJob { job } => job.max_gpus,
-        AppKind::SuccessiveHalving(search) => (0..search.num_phases())
-            .map(|phase| total_demand(&search.jobs_in_phase(phase, cluster_gpus)))
-            .max()
-            .unwrap_or(1),
-        AppKind::PerformanceCurve(search) => search
-            .jobs
+/// Seconds to run `phases` one after another on `gpus`: each phase ends with its slowest job.
+/// Between phases a job keeps its width (its GPU count) unless the next phase's share differs
+/// and resizing pays: growing must save more than the restart pause it costs, and a share
+/// narrower than the width forces the resize. A phase runs on the GPUs the earlier ones used
+/// when they are enough (an app keeps the GPUs it started on), else on all of `gpus`.
+pub fn plan_time(phases: &[Vec<JobInfo>], gpus: &[GpuLocation], restart_pause_seconds: f64) -> f64 {
+    let mut ordered = gpus.to_vec();
+    ordered.sort_unstable();
+    let mut footprint: Vec<GpuLocation> = Vec::new();
+    let mut width = None;
+    let mut total = 0.0;
+    for jobs in phases.iter().filter(|jobs| !jobs.is_empty()) {
+        let demands: Vec<u32> = jobs.iter().map(|job| job.max_gpus).collect();
+        let needed: usize = job_widths(&job_work(jobs), &demands, ordered.len())
             .iter()
-            .filter(|curve| !curve.job.stopped)
-            .map(|curve| curve.job.max_gpus)
-            .sum(),
-    };
-    app.total_work_gpu_seconds() / f64::from(demand.min(cluster_gpus).max(1))
+            .sum();
+        let pool = if needed <= footprint.len() {
+            footprint.clone()
+        } else {
+            ordered.clone()
+        };
+        let share = widest_share(jobs, pool.len());
+        let (resized, used) = phase_time(jobs, &pool);
+        let (time, used) = match width {
+            Some(previous) if share > previous => {
+                let (kept, kept_used) = phase_time(&capped(jobs, previous), &pool);
+                if kept - resized > restart_pause_seconds {
+                    width = Some(share);
+                    (resized + restart_pause_seconds, used)
+                } else {
+                    (kept, kept_used)
+                }
+            }
+            Some(previous) if share < previous => {
+                width = Some(share);
+                (resized + restart_pause_seconds, used)
+            }
+            _ => {
+                width = Some(share);
+                (resized, used)
+            }
+        };
+        total += time;
+        if pool.len() != footprint.len() || footprint.is_empty() {
+            footprint = used;
+            footprint.sort_unstable();
+        }
+    }
+    total
 }
 
-fn total_demand(jobs: &[JobInfo]) -> u32 {
-    jobs.iter().map(|job| job.max_gpus).sum()
+/// `jobs` limited to `width` GPUs each.
+fn capped(jobs: &[JobInfo], width: usize) -> Vec<JobInfo> {
+    let width = u32::try_from(width).unwrap_or(u32::MAX).max(1);
+    jobs.iter()
+        .map(|job| JobInfo {
+            max_gpus: job.max_gpus.min(width),
+            ..*job
+        })
+        .collect()
 }
 
-/// How an app's scheduler shares `gpu_count` GPUs (sorted in topology order) among jobs with
-/// the given remaining `work` and demands: the positions of each job's GPUs, `None` for a job
-/// that waits.
+/// The most GPUs any one job of `jobs` uses when they share `gpu_count` GPUs.
+fn widest_share(jobs: &[JobInfo], gpu_count: usize) -> usize {
+    let demands: Vec<u32> = jobs.iter().map(|job| job.max_gpus).collect();
+    job_widths(&job_work(jobs), &demands, gpu_count)
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+}
+
+fn job_work(jobs: &[JobInfo]) -> Vec<f64> {
+    jobs.iter()
+        .map(|job| job.iterations_remaining * job.serial_iteration_time)
+        .collect()
+}
+
+/// How an app's scheduler shares `gpu_count` GPUs among jobs with the given remaining `work`
+/// and demands: each job's width (its GPU count), 0 for a job that waits.
 ///
-/// With at least one GPU per job, the GPUs are split evenly in topology order (the remainder to
-/// the jobs with the most work), so each job's share stays as local as the set allows; a job
-/// uses no more than its demand. With fewer GPUs than jobs, the jobs with the most work run on
-/// one GPU each and the others wait.
-pub fn job_shares(work: &[f64], max_gpus: &[u32], gpu_count: usize) -> Vec<Option<Range<usize>>> {
+/// With at least one GPU per job, the GPUs are dealt out one at a time to the jobs below their
+/// demand, most work first, round after round: an even split where no job gets more than it
+/// can use and what one cannot use goes to the others. With fewer GPUs than jobs, the jobs
+/// with the most work run on one GPU each and the others wait.
+pub fn job_widths(work: &[f64], max_gpus: &[u32], gpu_count: usize) -> Vec<usize> {
     let mut by_work: Vec<usize> = (0..work.len()).collect();
     by_work.sort_by(|&a, &b| work[b].total_cmp(&work[a]).then(a.cmp(&b)));
-    let mut shares = vec![None; work.len()];
+    let mut widths = vec![0; work.len()];
     if gpu_count < work.len() {
-        for (position, &job) in by_work.iter().take(gpu_count).enumerate() {
-            shares[job] = Some(position..position + 1);
+        for &job in by_work.iter().take(gpu_count) {
+            widths[job] = 1;
         }
-        return shares;
+        return widths;
     }
-    let (base, extra) = (gpu_count / work.len(), gpu_count % work.len());
-    let mut next = 0;
-    for (rank, &job) in by_work.iter().enumerate() {
-        let share = base + usize::from(rank < extra);
-        let used = share.min(max_gpus[job].max(1) as usize);
-        shares[job] = Some(next..next + used);
-        next += share;
+    let demand = |job: usize| max_gpus[job].max(1) as usize;
+    let mut left = gpu_count;
+    while left > 0 {
+        let before = left;
+        for &job in &by_work {
+            if left > 0 && widths[job] < demand(job) {
+                widths[job] += 1;
+                left -= 1;
+            }
+        }
+        if left == before {
+            break;
+        }
     }
-    shares
+    widths
 }
 
-/// Time for `jobs` to all finish on `gpus` (the phase ends when its slowest job does), with the
-/// GPUs shared as [`job_shares`] does. With fewer GPUs than jobs the waiting jobs queue for the
-/// GPUs: longest job first onto the least-loaded GPU, as the §4.3.3 example schedules them.
-fn phase_time(jobs: &[JobInfo], gpus: &[GpuLocation]) -> f64 {
+/// Time for `jobs` to all finish on `ordered` (GPUs in topology order; the phase ends when its
+/// slowest job does), with the GPUs shared as [`job_widths`] does, and the GPUs the jobs use.
+/// With fewer GPUs than jobs the waiting jobs queue for the GPUs: longest job first onto the
+/// least-loaded GPU, as the §4.3.3 example schedules them.
+fn phase_time(jobs: &[JobInfo], ordered: &[GpuLocation]) -> (f64, Vec<GpuLocation>) {
     if jobs.is_empty() {
-        return 0.0;
+        return (0.0, Vec::new());
     }
-    if gpus.is_empty() {
-        return f64::INFINITY;
+    if ordered.is_empty() {
+        return (f64::INFINITY, Vec::new());
     }
-    let work: Vec<f64> = jobs
-        .iter()
-        .map(|job| job.iterations_remaining * job.serial_iteration_time)
-        .collect();
-    if gpus.len() < jobs.len() {
+    let work = job_work(jobs);
+    if ordered.len() < jobs.len() {
         let mut by_work: Vec<usize> = (0..jobs.len()).collect();
         by_work.sort_by(|&a, &b| work[b].total_cmp(&work[a]));
-        let mut load = vec![0.0_f64; gpus.len()];
+        let mut load = vec![0.0_f64; ordered.len()];
         for job in by_work {
             let least = load
                 .iter_mut()
@@ -125,29 +209,67 @@ fn phase_time(jobs: &[JobInfo], gpus: &[GpuLocation]) -> f64 {
                 .expect("at least one gpu");
             *least += work[job] * jobs[job].slowdown.at(Locality::SameSlot);
         }
-        return load.into_iter().fold(0.0, f64::max);
+        return (load.into_iter().fold(0.0, f64::max), ordered.to_vec());
     }
-    let mut ordered = gpus.to_vec();
-    ordered.sort_unstable();
     let demands: Vec<u32> = jobs.iter().map(|job| job.max_gpus).collect();
-    job_shares(&work, &demands, ordered.len())
-        .into_iter()
+    let widths = job_widths(&work, &demands, ordered.len());
+    let placed = place_widths(&widths, &work, ordered);
+    let time = placed
+        .iter()
         .zip(jobs.iter().zip(&work))
-        .filter_map(|(share, (job, &work))| {
-            let share = share?;
+        .filter(|(share, _)| !share.is_empty())
+        .map(|(share, (job, &work))| {
             let used = share.len() as f64;
-            Some(
-                work * job
-                    .slowdown
-                    .at(Locality::of(ordered[share].iter().copied()))
-                    / used,
-            )
+            let locality = Locality::of(share.iter().map(|&item| ordered[item]));
+            work * job.slowdown.at(locality) / used
         })
-        .fold(0.0, f64::max)
+        .fold(0.0, f64::max);
+    (
+        time,
+        placed
+            .into_iter()
+            .flatten()
+            .map(|item| ordered[item])
+            .collect(),
+    )
 }
 
-/// Tracks the time-weighted number of active apps, so each app's N_avg over its own lifetime is
-/// a difference of two running integrals.
+/// How an app's scheduler places jobs of the given widths and remaining work on a pool of
+/// GPUs: the job with the most work per GPU first (the one the phase waits for gets the best
+/// placement), then the widest (then the order given), each on the best-placed free GPUs (the
+/// smallest slot, machine or rack that holds it). Returns each job's GPUs as positions in
+/// `pool`; a job of width 0 gets none, and a job gets fewer than its width only if the pool
+/// runs out.
+pub fn place_widths(widths: &[usize], work: &[f64], pool: &[GpuLocation]) -> Vec<Vec<usize>> {
+    let per_gpu = |job: usize| work[job] / widths[job].max(1) as f64;
+    let mut critical_first: Vec<usize> = (0..widths.len()).collect();
+    critical_first.sort_by(|&a, &b| {
+        per_gpu(b)
+            .total_cmp(&per_gpu(a))
+            .then(widths[b].cmp(&widths[a]))
+            .then(a.cmp(&b))
+    });
+    let mut free: Vec<usize> = (0..pool.len()).collect();
+    let mut placed = vec![Vec::new(); widths.len()];
+    for job in critical_first {
+        let count = widths[job].min(free.len());
+        if count == 0 {
+            continue;
+        }
+        let index = PlacementIndex::new(free.iter().map(|&item| pool[item]).collect());
+        let mut chosen = index.best_subset(count, &[]);
+        chosen.sort_unstable_by(|a, b| b.cmp(a));
+        placed[job] = chosen
+            .into_iter()
+            .map(|position| free.remove(position))
+            .collect();
+        placed[job].sort_unstable();
+    }
+    placed
+}
+
+/// The running integral of the number of active apps over time, from which each app's N_avg
+/// over its own lifetime is a difference of two values ([`Lifetime`]).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct ContentionTracker {
     last_change: Timestamp,
@@ -169,30 +291,105 @@ impl ContentionTracker {
         self.active_apps
     }
 
-    /// The running integral at `now`; remember it when an app arrives.
+    /// The running integral at `now`. The tracker cannot look back in time: for a `now` before
+    /// the last change (a round opened just before an app arrived) it is the value at that
+    /// change. A departed app's N_avg never needs it ([`Lifetime`] keeps its own end).
     pub fn integral_at(&self, now: Timestamp) -> f64 {
         self.integral
             + f64::from(self.active_apps) * now.saturating_since(self.last_change).as_secs_f64()
     }
 
-    pub fn set_active_apps(&mut self, now: Timestamp, active_apps: u32) {
+    fn set_active_apps(&mut self, now: Timestamp, active_apps: u32) {
         self.integral = self.integral_at(now);
         self.last_change = self.last_change.max(now);
         self.active_apps = active_apps;
     }
 
-    /// N_avg for an app that arrived at `arrival`, when the integral was `integral_at_arrival`.
-    pub fn average_since(
-        &self,
-        arrival: Timestamp,
-        integral_at_arrival: f64,
-        now: Timestamp,
-    ) -> f64 {
-        let elapsed = now.saturating_since(arrival).as_secs_f64();
-        if elapsed <= 0.0 {
-            return f64::from(self.active_apps.max(1));
+    /// An app arrives at `now`: one more active app. Keep the returned lifetime for its N_avg.
+    pub fn arrive(&mut self, now: Timestamp) -> Lifetime {
+        self.set_active_apps(now, self.active_apps + 1);
+        Lifetime {
+            arrival: now,
+            integral_at_arrival: self.integral_at(now),
+            departure: None,
         }
-        ((self.integral_at(now) - integral_at_arrival) / elapsed).max(1.0)
+    }
+
+    /// The app of `lifetime` leaves at `now`: its N_avg stops there.
+    pub fn depart(&mut self, lifetime: &mut Lifetime, now: Timestamp) {
+        debug_assert!(lifetime.departure.is_none(), "an app departs once");
+        lifetime.departure = Some((now, self.integral_at(now)));
+        self.set_active_apps(now, self.active_apps.saturating_sub(1));
+    }
+
+    /// Rebuilds the tracker at `now` from every app's arrival and, for apps that have left,
+    /// departure (after a restart, from what was recorded). Returns the tracker and each app's
+    /// lifetime, in the order given. Replaying the same arrivals and departures gives the same
+    /// integrals, bit for bit, as tracking them live.
+    pub fn replay(
+        lifetimes: &[(Timestamp, Option<Timestamp>)],
+        now: Timestamp,
+    ) -> (Self, Vec<Lifetime>) {
+        // Every arrival and departure in time order; departures (false) first at equal times,
+        // which changes no integral (no time passes between them).
+        let mut events: Vec<(Timestamp, bool, usize)> = Vec::with_capacity(lifetimes.len() * 2);
+        for (app, &(arrival, departure)) in lifetimes.iter().enumerate() {
+            events.push((arrival, true, app));
+            if let Some(departure) = departure {
+                events.push((departure.max(arrival), false, app));
+            }
+        }
+        events.sort_unstable();
+        let mut tracker = Self::default();
+        let mut replayed: Vec<Option<Lifetime>> = vec![None; lifetimes.len()];
+        for (time, arrives, app) in events {
+            if arrives {
+                replayed[app] = Some(tracker.arrive(time));
+            } else if let Some(lifetime) = replayed[app].as_mut() {
+                tracker.depart(lifetime, time);
+            }
+        }
+        tracker.set_active_apps(now.max(tracker.last_change), tracker.active_apps);
+        let lifetimes = replayed
+            .into_iter()
+            .map(|lifetime| lifetime.expect("every app arrives"))
+            .collect();
+        (tracker, lifetimes)
+    }
+}
+
+/// One app's window onto the contention: the running integral when it arrived and, once it
+/// has left, when it left, so that its N_avg covers its own lifetime and nothing after it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lifetime {
+    pub arrival: Timestamp,
+    integral_at_arrival: f64,
+    departure: Option<(Timestamp, f64)>,
+}
+
+impl Lifetime {
+    /// When the app left, if it has.
+    pub fn departure(&self) -> Option<Timestamp> {
+        self.departure.map(|(time, _)| time)
+    }
+
+    /// N_avg: the time-weighted average number of active apps from the app's arrival to its
+    /// departure, or to `now` while it is active. At the instant of arrival it is the number
+    /// of active apps. Never below 1 (the app itself is active).
+    pub fn average_contention(&self, tracker: &ContentionTracker, now: Timestamp) -> f64 {
+        let (end, integral_at_end) = self
+            .departure
+            .unwrap_or_else(|| (now, tracker.integral_at(now)));
+        let elapsed = end.saturating_since(self.arrival).as_secs_f64();
+        if elapsed <= 0.0 {
+            let active = if self.departure.is_some() {
+                1
+            } else {
+                tracker.active_apps()
+            };
+            return f64::from(active.max(1));
+        }
+        ((integral_at_end - self.integral_at_arrival) / elapsed).max(1.0)
     }
 }
 
@@ -226,15 +423,19 @@ mod tests {
                 budget_gpu_seconds: 10_000.0,
                 phase_iterations: vec![8, 16, 36],
                 jobs_per_phase: vec![4, 2, 1],
+                max_gpus_per_phase: Vec::new(),
                 current_phase: 0,
                 jobs,
             }),
         };
+        // The paper's T_cluster, B / min(R_C, demand) = 10,000 / 16, and no restart pause:
+        // the example's inputs, so that T_id is its 2,500 s.
         let context = FairnessContext {
             now: Timestamp(0),
             arrival: Timestamp(0),
-            cluster_gpus: 16,
+            cluster_seconds: 625.0,
             average_contention: 4.0,
+            restart_pause_seconds: 0.0,
         };
         (app, context)
     }
@@ -250,7 +451,7 @@ mod tests {
     #[test]
     fn reproduces_the_worked_example_of_section_4_3_3() {
         let (app, context) = worked_example();
-        assert_eq!(independent_finish_time(&app, &context), 2500.0);
+        assert_eq!(independent_finish_time(&context), 2500.0);
         let gpus = sixteen_gpus();
         let rho_with = |count: usize| rho(&app, &gpus[..count], &context).map(Rho::get);
         assert_eq!(shared_finish_time(&app, &gpus[..2], &context), 5000.0);
@@ -278,7 +479,7 @@ mod tests {
         search.advance_phase(&["b", "d"]);
         let gpus = sixteen_gpus();
         assert_eq!(
-            remaining_time(&app, &gpus[..2]),
+            remaining_time(&app, &gpus[..2], 0.0),
             120.0 * 16.0 + 120.0 * 36.0 / 2.0
         );
     }
@@ -293,13 +494,21 @@ mod tests {
             id: AppId::from("single"),
             kind: AppKind::SingleJob { job: single },
         };
+        let eight = sixteen_gpus();
+        let cluster_seconds = cluster_time(&app, &sixteen_gpus(), 35.0);
+        assert_eq!(
+            cluster_seconds,
+            60.0 * 10.0 / 4.0,
+            "the job's 60 iterations left, on 4 GPUs"
+        );
         let context = FairnessContext {
             now: Timestamp::from_secs_f64(500.0),
             arrival: Timestamp(0),
-            cluster_gpus: 64,
+            cluster_seconds,
             average_contention: 2.0,
+            restart_pause_seconds: 35.0,
         };
-        // T_id = 100 * 10 / min(64, 4) * 2 = 500; two GPUs on two racks: S = 1.3.
+        // T_id = 150 * 2 = 300; two GPUs on two racks: S = 1.3.
         let across_racks = [
             GpuLocation {
                 rack: 0,
@@ -312,27 +521,81 @@ mod tests {
                 slot: 1,
             },
         ];
-        let expected = (500.0 + 60.0 * 10.0 * 1.3 / 2.0) / 500.0;
+        let expected = (500.0 + 60.0 * 10.0 * 1.3 / 2.0) / 300.0;
         let value = rho(&app, &across_racks, &context).expect("finite").get();
         assert!((value - expected).abs() < 1e-12);
         // More GPUs than the job's demand do not help.
-        let eight = sixteen_gpus();
         assert_eq!(
-            remaining_time(&app, &eight[..8]),
-            remaining_time(&app, &eight[..4])
+            remaining_time(&app, &eight[..8], 35.0),
+            remaining_time(&app, &eight[..4], 35.0)
+        );
+    }
+
+    /// T_cluster under the job model is what the app takes holding the whole cluster: for the
+    /// §4.3.3 example on 16 GPUs, phases of 4 jobs x 4 GPUs (8 iterations of the slowest job,
+    /// 120 s: 240 s), 2 median jobs x 8 GPUs (16 x 100 / 8 = 200 s) and 1 x 8 GPUs
+    /// (36 x 100 / 8 = 450 s): 890 s, the paper's T_sh(16 GPUs); plus one restart pause, where
+    /// the jobs grow from 4 to 8 GPUs.
+    #[test]
+    fn cluster_time_is_the_job_model_on_the_whole_cluster() {
+        let (app, context) = worked_example();
+        assert_eq!(cluster_time(&app, &sixteen_gpus(), 0.0), 890.0);
+        assert_eq!(cluster_time(&app, &sixteen_gpus(), 35.0), 925.0);
+        let alone = FairnessContext {
+            cluster_seconds: cluster_time(&app, &sixteen_gpus(), 35.0),
+            average_contention: 1.0,
+            restart_pause_seconds: 35.0,
+            ..context
+        };
+        let value = rho(&app, &sixteen_gpus(), &alone).expect("finite").get();
+        assert_eq!(
+            value, 1.0,
+            "an app alone holding the whole cluster has rho 1"
         );
     }
 
     #[test]
-    fn contention_is_time_weighted_over_the_apps_lifetime() {
+    fn contention_is_time_weighted_over_the_apps_own_lifetime() {
+        let at = Timestamp::from_secs_f64;
         let mut tracker = ContentionTracker::new(Timestamp(0));
-        tracker.set_active_apps(Timestamp(0), 1);
-        let arrival = Timestamp::from_secs_f64(100.0);
-        tracker.set_active_apps(arrival, 3);
-        let at_arrival = tracker.integral_at(arrival);
-        tracker.set_active_apps(Timestamp::from_secs_f64(200.0), 1);
-        // 100 s with 3 apps then 100 s with 1 app: N_avg = 2.
-        let average = tracker.average_since(arrival, at_arrival, Timestamp::from_secs_f64(300.0));
-        assert!((average - 2.0).abs() < 1e-12);
+        let mut first = tracker.arrive(Timestamp(0));
+        let mut second = tracker.arrive(at(100.0));
+        let _third = tracker.arrive(at(100.0));
+        tracker.depart(&mut first, at(200.0));
+        // The second app: 100 s with 3 apps then 100 s with 2: N_avg = 2.5 at t = 300.
+        assert_eq!(second.average_contention(&tracker, at(300.0)), 2.5);
+        tracker.depart(&mut second, at(300.0));
+        // The first app: 100 s alone, 100 s with 3 apps: 2, and it stays 2 however long the
+        // others run after it left.
+        let later = tracker.arrive(at(5000.0));
+        assert_eq!(first.average_contention(&tracker, at(9000.0)), 2.0);
+        assert_eq!(second.average_contention(&tracker, at(9000.0)), 2.5);
+        assert_eq!(
+            later.average_contention(&tracker, at(5000.0)),
+            2.0,
+            "at arrival: the count"
+        );
+    }
+
+    #[test]
+    fn replaying_arrivals_and_departures_gives_the_same_integrals() {
+        let at = |ms: u64| Timestamp(ms);
+        let mut live = ContentionTracker::new(Timestamp(0));
+        let mut a = live.arrive(at(1_000));
+        let b = live.arrive(at(2_500));
+        live.depart(&mut a, at(7_123));
+        let c = live.arrive(at(9_000));
+        let now = at(12_345);
+        let (replayed, lifetimes) = ContentionTracker::replay(
+            &[
+                (at(2_500), None),
+                (at(1_000), Some(at(7_123))),
+                (at(9_000), None),
+            ],
+            now,
+        );
+        assert_eq!(lifetimes, vec![b, a, c]);
+        assert_eq!(replayed.integral_at(now), live.integral_at(now));
+        assert_eq!(replayed.active_apps(), 2);
     }
 }

@@ -1,6 +1,6 @@
 //! Leftovers: offered GPUs that no bidder keeps after the auction (hidden payments plus GPUs no
 //! PF bundle used). Themis §3.3.2 gives them at random to the apps that did not bid, which
-//! keeps the mechanism work-conserving.
+//! keeps the mechanism work-conserving; Agora gives them to the worst off first.
 
 use std::collections::BTreeMap;
 
@@ -16,9 +16,13 @@ use crate::topology::{GpuId, GpuLocation, PlacementIndex};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LeftoverPolicy {
+    /// To the active apps that did not bid and still have unmet demand, worst rho first, each
+    /// taking the GPUs its lease just ended on, then the best-placed leftovers for what it
+    /// holds. Non-bidders are better off than every bidder, so this continues the round's order.
+    #[default]
+    WorstFirst,
     /// The paper's rule: at random (seeded) to active apps that did not bid and still have
     /// unmet demand, each taking the best-placed leftovers for what it holds.
-    #[default]
     RandomToNonBidders,
     /// The authors' simulator: re-auction the leftovers among the next-worst apps by rho that
     /// did not bid, repeatedly, until nothing is left or nobody is left.
@@ -30,12 +34,16 @@ pub enum LeftoverPolicy {
 pub struct Recipient {
     pub app: AppId,
     pub unmet_demand: usize,
-    /// Where its GPUs are, so its leftovers are picked near them.
+    /// Where its GPUs are (and were, until their lease ended), so its leftovers are picked near
+    /// them.
     pub holds: Vec<GpuLocation>,
+    /// GPUs whose lease it held until this round: it takes back those still left first.
+    pub claimed: Vec<GpuId>,
 }
 
-/// Hands `leftover` out to `recipients` in the order given, each taking up to its unmet demand
-/// of the best-placed remaining GPUs. Returns what each got; `leftover` keeps what is left.
+/// Hands `leftover` out to `recipients` in the order given, each taking up to its unmet demand:
+/// first the GPUs it claimed (a renewal keeps a job where it runs), then the best-placed
+/// remaining GPUs. Returns what each got; `leftover` keeps what is left.
 pub fn hand_out_in_order(
     leftover: &mut Vec<OfferedGpu>,
     recipients: &[Recipient],
@@ -49,17 +57,34 @@ pub fn hand_out_in_order(
         if count == 0 {
             continue;
         }
-        let placement = PlacementIndex::new(leftover.iter().map(|gpu| gpu.location).collect());
-        let mut chosen = placement.best_subset(count, &recipient.holds);
-        chosen.sort_unstable_by(|a, b| b.cmp(a));
-        let mut gpus: Vec<GpuId> = chosen
-            .into_iter()
-            .map(|item| leftover.remove(item).id)
-            .collect();
-        gpus.reverse();
+        let mut gpus = take_claimed(leftover, &recipient.claimed, count);
+        if gpus.len() < count {
+            let placement = PlacementIndex::new(leftover.iter().map(|gpu| gpu.location).collect());
+            let mut chosen = placement.best_subset(count - gpus.len(), &recipient.holds);
+            chosen.sort_unstable_by(|a, b| b.cmp(a));
+            let mut placed: Vec<GpuId> = chosen
+                .into_iter()
+                .map(|item| leftover.remove(item).id)
+                .collect();
+            placed.reverse();
+            gpus.extend(placed);
+        }
         granted.insert(recipient.app.clone(), gpus);
     }
     granted
+}
+
+/// Removes from `leftover` up to `count` of the `claimed` GPUs, in leftover order.
+fn take_claimed(leftover: &mut Vec<OfferedGpu>, claimed: &[GpuId], count: usize) -> Vec<GpuId> {
+    let mut taken = Vec::new();
+    leftover.retain(|gpu| {
+        let take = taken.len() < count && claimed.contains(&gpu.id);
+        if take {
+            taken.push(gpu.id.clone());
+        }
+        !take
+    });
+    taken
 }
 
 /// The paper's rule: recipients in a random order drawn from `rng`.
@@ -103,6 +128,7 @@ mod tests {
             app: AppId::from(app),
             unmet_demand,
             holds,
+            claimed: Vec::new(),
         }
     }
 
@@ -119,6 +145,22 @@ mod tests {
         );
         assert_eq!(granted[&AppId::from("y")].len(), 2);
         assert!(leftover.is_empty());
+    }
+
+    #[test]
+    fn a_recipient_takes_back_its_claimed_gpus_first() {
+        let mut leftover = vec![gpu("a0", 0), gpu("b0", 1), gpu("b1", 1), gpu("c0", 2)];
+        let renewing = Recipient {
+            claimed: vec![GpuId::from("c0"), GpuId::from("a0")],
+            ..recipient("x", 3, &[1])
+        };
+        let granted = hand_out_in_order(&mut leftover, &[renewing]);
+        assert_eq!(
+            granted[&AppId::from("x")],
+            vec![GpuId::from("a0"), GpuId::from("c0"), GpuId::from("b0")],
+            "both claimed GPUs, then the best placed near what it holds"
+        );
+        assert_eq!(leftover.len(), 1);
     }
 
     #[test]

@@ -20,12 +20,12 @@ use crate::app::{App, AppId};
 use crate::auction::{run_auction, AppBid, AuctionError, AuctionOutcome, Offer, OfferedGpu};
 use crate::baselines::{self, Contender, RoundView};
 use crate::bids::{generate_bid, BidConfig, PreparedOffer};
-use crate::fairness::{rho, ContentionTracker, FairnessContext};
+use crate::fairness::{cluster_time, rho, ContentionTracker, FairnessContext, Lifetime};
 use crate::hosts::{Host, HostDirectory, HostError, HostSpec};
 use crate::lease::{Lease, LeaseBook, LeaseError, LeaseId};
 use crate::leftover::{LeftoverPolicy, Recipient};
 use crate::policy::Policy;
-use crate::rho::{rho_old_sort_key, RhoOld};
+use crate::rho::RhoOld;
 use crate::round::{
     decide_round, decide_with, merge, offered_subset, Grants, RoundDecision, RoundInputs,
 };
@@ -44,6 +44,17 @@ pub struct MarketConfig {
     /// Themis, or a baseline to compare it with.
     #[serde(default)]
     pub policy: Policy,
+    /// How long a job pauses to checkpoint and restore when its GPUs change (§6.2.3 measures
+    /// about 35 s). The job model counts it where a plan resizes jobs.
+    #[serde(
+        with = "crate::time::duration_seconds",
+        default = "default_restart_pause"
+    )]
+    pub restart_pause: Duration,
+}
+
+fn default_restart_pause() -> Duration {
+    Duration::from_secs(35)
 }
 
 impl Default for MarketConfig {
@@ -54,6 +65,7 @@ impl Default for MarketConfig {
             bids: BidConfig::default(),
             leftover_policy: LeftoverPolicy::default(),
             policy: Policy::default(),
+            restart_pause: default_restart_pause(),
         }
     }
 }
@@ -105,10 +117,21 @@ pub enum MarketError {
 #[derive(Debug, Clone)]
 struct Participant {
     app: App,
-    arrival: Timestamp,
-    contention_at_arrival: f64,
+    lifetime: Lifetime,
+    /// T_cluster, fixed when the app arrived.
+    cluster_seconds: f64,
     /// GPU-seconds of the app's leases that have ended.
     ended_gpu_seconds: f64,
+}
+
+/// What a restart needs to bring an app back as it was: what the market recorded of it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecordedApp {
+    pub arrival: Timestamp,
+    /// T_cluster as computed when the app arrived ([`Market::cluster_time`]).
+    pub cluster_seconds: f64,
+    /// GPU-seconds of the app's leases that had ended.
+    pub ended_gpu_seconds: f64,
 }
 
 /// Why a GPU is out of service. A GPU is offered only while it has no reason at all.
@@ -150,6 +173,9 @@ pub struct Market {
     participants: BTreeMap<AppId, Arc<Participant>>,
     leases: LeaseBook,
     contention: ContentionTracker,
+    /// GPUs whose lease each app held until it expired, since the last round: the app still
+    /// stands as if it held them, and may renew onto them.
+    claims: BTreeMap<AppId, BTreeSet<GpuIndex>>,
 }
 
 /// An app's standing when a round opens.
@@ -184,6 +210,9 @@ pub struct RoundOutcome {
     /// Where each app's leased GPUs were when the round was decided; apps holding none are
     /// left out.
     pub holds: BTreeMap<AppId, Vec<GpuLocation>>,
+    /// Offered GPUs whose lease each app held until this round.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claims: BTreeMap<AppId, Vec<GpuId>>,
     /// The configured leftover policy (only Themis rounds have leftovers).
     pub leftover_policy: LeftoverPolicy,
     /// The bids and the auction's decision; `None` under a baseline policy.
@@ -220,6 +249,7 @@ impl RoundOutcome {
             bidders: self.bidders.clone(),
             standings: self.standings.clone(),
             holds: self.holds.clone(),
+            claims: self.claims.clone(),
             bids: auction.bids.clone(),
             leftover_policy: self.leftover_policy,
         })
@@ -231,6 +261,8 @@ impl RoundOutcome {
 pub struct BidInputs {
     pub app: App,
     pub held: Vec<GpuLocation>,
+    /// Offered GPUs whose lease the app held until this round.
+    pub claimed: Vec<GpuId>,
     pub context: FairnessContext,
     pub config: BidConfig,
 }
@@ -238,7 +270,14 @@ pub struct BidInputs {
 impl BidInputs {
     /// The agent's bid (Themis §3.3.1): rho_old and the best bundles of `offer`.
     pub fn bid(&self, offer: &PreparedOffer) -> AppBid {
-        generate_bid(&self.app, &self.held, offer, &self.context, &self.config)
+        generate_bid(
+            &self.app,
+            &self.held,
+            &self.claimed,
+            offer,
+            &self.context,
+            &self.config,
+        )
     }
 }
 
@@ -259,6 +298,7 @@ impl Market {
             participants: BTreeMap::new(),
             leases: LeaseBook::new(),
             contention: ContentionTracker::new(now),
+            claims: BTreeMap::new(),
         })
     }
 
@@ -293,17 +333,33 @@ impl Market {
             .map(|participant| &mut Arc::make_mut(participant).app)
     }
 
+    /// T_cluster of `app` on this market's cluster now: its finish time holding every GPU.
+    pub fn cluster_time(&self, app: &App) -> f64 {
+        let cluster: Vec<GpuLocation> = self.cluster.gpus().map(|(_, gpu)| gpu.location).collect();
+        cluster_time(app, &cluster, self.config.restart_pause.as_secs_f64())
+    }
+
+    /// An app arrives; its T_cluster is computed on the cluster as it is now.
     pub fn add_app(&mut self, app: App, now: Timestamp) -> Result<(), MarketError> {
+        let cluster_seconds = self.cluster_time(&app);
+        self.admit(app, now, cluster_seconds)
+    }
+
+    /// An app arrives with a T_cluster the caller computed ([`Self::cluster_time`]) and
+    /// recorded, so that a restart restores exactly the same value.
+    pub fn admit(
+        &mut self,
+        app: App,
+        now: Timestamp,
+        cluster_seconds: f64,
+    ) -> Result<(), MarketError> {
         if self.participants.contains_key(&app.id) {
             return Err(MarketError::DuplicateApp(app.id));
         }
-        self.contention
-            .set_active_apps(now, self.participants.len() as u32 + 1);
-        let contention_at_arrival = self.contention.integral_at(now);
         let participant = Participant {
             app,
-            arrival: now,
-            contention_at_arrival,
+            lifetime: self.contention.arrive(now),
+            cluster_seconds,
             ended_gpu_seconds: 0.0,
         };
         self.participants
@@ -311,51 +367,43 @@ impl Market {
         Ok(())
     }
 
-    /// Restores an app after a restart, with its recorded `arrival` and the GPU-seconds of its
-    /// leases that had already ended; restore its active leases with [`Self::restore_lease`].
-    ///
-    /// How contended the cluster was before the restart is not recorded: it is rebuilt from
-    /// the restored apps' arrivals, as if no app had left before the restart. That is exact
-    /// when none had (all apps arriving together, say); otherwise the apps that finished
-    /// before the restart are forgotten and N_avg comes out lower. Each call rebuilds the
-    /// history of every app in the market, so restore all apps at the same `now`, before
-    /// adding new apps or running a round.
-    pub fn restore_app(
+    /// Restores active apps after a restart, as they were recorded, and the contention history
+    /// from every recorded app's arrival and, for the apps that have left (`departed`, as
+    /// arrival and departure), departure: each app's N_avg is then what it was before the
+    /// restart. Restore them all at once, before restoring leases, adding apps or running a
+    /// round.
+    pub fn restore_apps(
         &mut self,
-        app: App,
-        arrival: Timestamp,
-        ended_gpu_seconds: f64,
+        apps: Vec<(App, RecordedApp)>,
+        departed: &[(Timestamp, Timestamp)],
         now: Timestamp,
     ) -> Result<(), MarketError> {
-        if self.participants.contains_key(&app.id) {
-            return Err(MarketError::DuplicateApp(app.id));
+        let mut lifetimes: Vec<(Timestamp, Option<Timestamp>)> = apps
+            .iter()
+            .map(|(_, recorded)| (recorded.arrival, None))
+            .collect();
+        lifetimes.extend(
+            departed
+                .iter()
+                .map(|&(arrival, departure)| (arrival, Some(departure))),
+        );
+        let (contention, replayed) = ContentionTracker::replay(&lifetimes, now);
+        let mut participants = BTreeMap::new();
+        for ((app, recorded), lifetime) in apps.into_iter().zip(replayed) {
+            if participants.contains_key(&app.id) || self.participants.contains_key(&app.id) {
+                return Err(MarketError::DuplicateApp(app.id));
+            }
+            let participant = Participant {
+                app,
+                lifetime,
+                cluster_seconds: recorded.cluster_seconds,
+                ended_gpu_seconds: recorded.ended_gpu_seconds,
+            };
+            participants.insert(participant.app.id.clone(), Arc::new(participant));
         }
-        let participant = Participant {
-            app,
-            arrival,
-            contention_at_arrival: 0.0,
-            ended_gpu_seconds,
-        };
-        self.participants
-            .insert(participant.app.id.clone(), Arc::new(participant));
-        self.replay_arrivals(now);
-        Ok(())
-    }
-
-    /// Rebuilds the contention history from the apps' arrivals, as if none had left: the
-    /// same steps [`Self::add_app`] took when they arrived.
-    fn replay_arrivals(&mut self, now: Timestamp) {
-        let active_apps = self.participants.len() as u32;
-        let mut by_arrival: Vec<&mut Participant> =
-            self.participants.values_mut().map(Arc::make_mut).collect();
-        by_arrival.sort_by_key(|participant| participant.arrival);
-        let mut contention = ContentionTracker::default();
-        for (earlier, participant) in by_arrival.into_iter().enumerate() {
-            contention.set_active_apps(participant.arrival, earlier as u32 + 1);
-            participant.contention_at_arrival = contention.integral_at(participant.arrival);
-        }
-        contention.set_active_apps(now, active_apps);
+        self.participants = participants;
         self.contention = contention;
+        Ok(())
     }
 
     /// Restores an active lease after a restart, keeping its id. Its app must be restored
@@ -374,6 +422,27 @@ impl Market {
         Ok(self.leases.restore(lease)?)
     }
 
+    /// The GPUs each app's lease ended on since the last round: to restore after a restart.
+    pub fn claims(&self) -> impl Iterator<Item = (&AppId, Vec<GpuIndex>)> {
+        self.claims
+            .iter()
+            .map(|(app, gpus)| (app, gpus.iter().copied().collect()))
+    }
+
+    /// Restores an app's claim on GPUs whose lease ended since the last round (after a
+    /// restart, from the leases that expired after the last round closed). Its app must be
+    /// restored first.
+    pub fn restore_claim(&mut self, app: AppId, gpus: Vec<GpuIndex>) -> Result<(), MarketError> {
+        if !self.participants.contains_key(&app) {
+            return Err(MarketError::UnknownApp(app));
+        }
+        if let Some(&gpu) = gpus.iter().find(|gpu| gpu.get() >= self.cluster.len()) {
+            return Err(MarketError::GpuOutsideCluster(gpu));
+        }
+        self.claims.entry(app).or_default().extend(gpus);
+        Ok(())
+    }
+
     /// After a restart: new leases get ids from `next` on, so they do not clash with recorded
     /// leases that ended before it (restoring a lease only reserves the ids up to its own).
     pub fn issue_lease_ids_from(&mut self, next: LeaseId) {
@@ -384,7 +453,14 @@ impl Market {
     pub fn arrival(&self, id: &AppId) -> Option<Timestamp> {
         self.participants
             .get(id)
-            .map(|participant| participant.arrival)
+            .map(|participant| participant.lifetime.arrival)
+    }
+
+    /// The app's T_cluster, to record so it can be restored.
+    pub fn cluster_seconds(&self, id: &AppId) -> Option<f64> {
+        self.participants
+            .get(id)
+            .map(|participant| participant.cluster_seconds)
     }
 
     /// GPU-seconds of the app's leases that have ended, to record so it can be restored.
@@ -396,11 +472,13 @@ impl Market {
 
     /// The app is done (or withdrawn): its leases end and it leaves the market.
     pub fn remove_app(&mut self, id: &AppId, now: Timestamp) -> Result<Vec<Lease>, MarketError> {
-        self.participants
+        let participant = self
+            .participants
             .remove(id)
             .ok_or_else(|| MarketError::UnknownApp(id.clone()))?;
-        self.contention
-            .set_active_apps(now, self.participants.len() as u32);
+        let mut lifetime = participant.lifetime;
+        self.contention.depart(&mut lifetime, now);
+        self.claims.remove(id);
         let held: Vec<LeaseId> = self.leases.leases_of(id).map(|lease| lease.id).collect();
         Ok(held
             .into_iter()
@@ -408,10 +486,53 @@ impl Market {
             .collect())
     }
 
+    /// Ends the leases due by `now`. Their apps keep a claim on the GPUs until the next round.
     pub fn expire_leases(&mut self, now: Timestamp) -> Vec<Lease> {
         let expired = self.leases.expire_due(now);
         self.credit_ended(&expired);
+        for lease in &expired {
+            self.claims
+                .entry(lease.app.clone())
+                .or_default()
+                .extend(lease.gpus.iter().copied());
+        }
         expired
+    }
+
+    /// `app` gives `gpus` back early (its jobs no longer need them): each lease holding some of
+    /// them ends, and what it held besides goes on under a new lease to the same end.
+    pub fn release_gpus(
+        &mut self,
+        app: &AppId,
+        gpus: &[GpuIndex],
+        now: Timestamp,
+    ) -> Result<(), MarketError> {
+        let affected: Vec<Lease> = self
+            .leases
+            .leases_of(app)
+            .filter(|lease| lease.gpus.iter().any(|gpu| gpus.contains(gpu)))
+            .cloned()
+            .collect();
+        for lease in affected {
+            self.release_lease(lease.id, now)?;
+            let kept: Vec<GpuIndex> = lease
+                .gpus
+                .iter()
+                .copied()
+                .filter(|gpu| !gpus.contains(gpu))
+                .collect();
+            let left = lease.end.saturating_since(now);
+            if kept.is_empty() {
+                continue;
+            }
+            if left.is_zero() {
+                // The lease ends now anyway: the app claims the rest, as at an expiry.
+                self.claims.entry(app.clone()).or_default().extend(kept);
+            } else {
+                self.leases.grant(app.clone(), kept, now, left)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn release_lease(&mut self, id: LeaseId, now: Timestamp) -> Result<Lease, MarketError> {
@@ -582,13 +703,12 @@ impl Market {
     fn fairness_context(&self, participant: &Participant, now: Timestamp) -> FairnessContext {
         FairnessContext {
             now,
-            arrival: participant.arrival,
-            cluster_gpus: self.cluster.len() as u32,
-            average_contention: self.contention.average_since(
-                participant.arrival,
-                participant.contention_at_arrival,
-                now,
-            ),
+            arrival: participant.lifetime.arrival,
+            cluster_seconds: participant.cluster_seconds,
+            average_contention: participant
+                .lifetime
+                .average_contention(&self.contention, now),
+            restart_pause_seconds: self.config.restart_pause.as_secs_f64(),
         }
     }
 
@@ -602,31 +722,71 @@ impl Market {
         ))
     }
 
-    /// Every active app, worst rho first (starving apps before all others; ties by app id).
+    /// The GPUs `app` claims (its lease on them just ended) that are still free and healthy.
+    fn live_claims(&self, app: &AppId) -> Vec<GpuIndex> {
+        self.claims.get(app).map_or_else(Vec::new, |claimed| {
+            claimed
+                .iter()
+                .copied()
+                .filter(|&gpu| self.is_healthy(gpu) && !self.leases.is_leased(gpu))
+                .collect()
+        })
+    }
+
+    /// Every active app, worst off first.
+    ///
+    /// An app stands with what it holds and what it claims (the GPUs its lease just ended on),
+    /// so an incumbent is ranked by the rho it had, not as if it were starving. Starving apps
+    /// (holding and claiming nothing) come first, the worst off among them the one whose rho
+    /// would be highest even if it got its whole demand now, ideally placed; then the others by
+    /// rho. Ties go to the earlier arrival, and only then to the app id.
     pub fn standings(&self, now: Timestamp) -> Vec<Standing> {
-        let mut standings: Vec<Standing> = self
+        let mut ranked: Vec<(bool, f64, Timestamp, Standing)> = self
             .participants
             .values()
             .map(|participant| {
-                let held = self.held_locations(&participant.app.id);
-                Standing {
-                    app: participant.app.id.clone(),
-                    rho: rho(
-                        &participant.app,
-                        &held,
-                        &self.fairness_context(participant, now),
-                    ),
-                    unmet_demand: (participant.app.current_demand() as usize)
-                        .saturating_sub(held.len()),
-                }
+                let id = &participant.app.id;
+                let held = self.held_locations(id);
+                let mut standing_on = held.clone();
+                standing_on.extend(
+                    self.live_claims(id)
+                        .into_iter()
+                        .map(|gpu| self.cluster.location(gpu)),
+                );
+                let context = self.fairness_context(participant, now);
+                let app = &participant.app;
+                let demand = app.current_demand() as usize;
+                let rho = rho(app, &standing_on, &context);
+                let need = rho.map_or_else(
+                    || {
+                        let ideal = vec![
+                            GpuLocation {
+                                rack: 0,
+                                machine: 0,
+                                slot: 0
+                            };
+                            demand.max(1)
+                        ];
+                        crate::fairness::rho(app, &ideal, &context)
+                            .map_or(f64::INFINITY, |rho| rho.get())
+                    },
+                    |rho| rho.get(),
+                );
+                let standing = Standing {
+                    app: id.clone(),
+                    rho,
+                    unmet_demand: demand.saturating_sub(held.len()),
+                };
+                (rho.is_none(), need, participant.lifetime.arrival, standing)
             })
             .collect();
-        standings.sort_by(|a, b| {
-            rho_old_sort_key(b.rho)
-                .total_cmp(&rho_old_sort_key(a.rho))
-                .then(a.app.cmp(&b.app))
+        ranked.sort_by(|a, b| {
+            b.0.cmp(&a.0)
+                .then(b.1.total_cmp(&a.1))
+                .then(a.2.cmp(&b.2))
+                .then(a.3.app.cmp(&b.3.app))
         });
-        standings
+        ranked.into_iter().map(|(.., standing)| standing).collect()
     }
 
     /// Opens a round: offers the free GPUs to the worst ceil((1-f)*N) apps (at least one)
@@ -667,6 +827,11 @@ impl Market {
         Ok(BidInputs {
             app: participant.app.clone(),
             held: self.held_locations(app),
+            claimed: self
+                .live_claims(app)
+                .into_iter()
+                .map(|gpu| self.cluster.gpu(gpu).id.clone())
+                .collect(),
             context: self.fairness_context(participant, offer.now),
             config: self.config.bids,
         })
@@ -695,18 +860,22 @@ impl Market {
         seed: u64,
     ) -> Result<DecidedRound, MarketError> {
         self.offered_indices(&round.offer.offer)?;
+        let claims = self.offered_claims(&round.offer.offer);
         let inputs = RoundInputs {
             now: round.now,
             seed,
             offer: round.offer.offer,
             bidders: round.bidders,
             holds: self.holds(),
+            claims,
             standings: round.standings,
             bids,
             leftover_policy: self.config.leftover_policy,
         };
         let decision = match inputs.leftover_policy {
-            LeftoverPolicy::RandomToNonBidders => decide_round(&inputs)?,
+            LeftoverPolicy::WorstFirst | LeftoverPolicy::RandomToNonBidders => {
+                decide_round(&inputs)?
+            }
             LeftoverPolicy::ReauctionNextWorst => decide_with(&inputs, |leftover, non_bidders| {
                 self.reauction(&inputs, non_bidders, leftover)
             })?,
@@ -728,6 +897,7 @@ impl Market {
             return Err(MarketError::UnknownApp(app.clone()));
         }
         let leases = self.grant_leases(&decision.grants, &offered, inputs.now)?;
+        self.consume_claims(offered.values().copied());
         Ok(RoundOutcome {
             now: inputs.now,
             seed: inputs.seed,
@@ -736,6 +906,7 @@ impl Market {
             standings: inputs.standings,
             bidders: inputs.bidders,
             holds: inputs.holds,
+            claims: inputs.claims,
             leftover_policy: inputs.leftover_policy,
             auction: Some(AuctionRecord {
                 bids: inputs.bids,
@@ -804,6 +975,7 @@ impl Market {
             .iter()
             .map(|&gpu| (self.cluster.gpu(gpu).id.clone(), gpu))
             .collect();
+        self.claims.clear();
         Some(
             self.grant_leases(&granted, &offered, now)
                 .map(|leases| RoundOutcome {
@@ -814,12 +986,39 @@ impl Market {
                     standings,
                     bidders: Vec::new(),
                     holds,
+                    claims: BTreeMap::new(),
                     leftover_policy: self.config.leftover_policy,
                     auction: None,
                     leftover_grants: BTreeMap::new(),
                     leases,
                 }),
         )
+    }
+
+    /// Each app's claimed GPUs among those `offer` offers.
+    fn offered_claims(&self, offer: &Offer) -> BTreeMap<AppId, Vec<GpuId>> {
+        self.claims
+            .keys()
+            .map(|app| {
+                let claimed: Vec<GpuId> = self
+                    .live_claims(app)
+                    .into_iter()
+                    .map(|gpu| self.cluster.gpu(gpu).id.clone())
+                    .filter(|id| offer.gpus.iter().any(|offered| &offered.id == id))
+                    .collect();
+                (app.clone(), claimed)
+            })
+            .filter(|(_, claimed)| !claimed.is_empty())
+            .collect()
+    }
+
+    /// A round has offered these GPUs: the claims on them are settled.
+    fn consume_claims(&mut self, offered: impl Iterator<Item = GpuIndex>) {
+        let offered: BTreeSet<GpuIndex> = offered.collect();
+        for claimed in self.claims.values_mut() {
+            claimed.retain(|gpu| !offered.contains(gpu));
+        }
+        self.claims.retain(|_, claimed| !claimed.is_empty());
     }
 
     /// GPU-seconds the app has held: ended leases plus the running part of active ones.

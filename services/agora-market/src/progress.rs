@@ -222,6 +222,7 @@ mod tests {
                 budget_gpu_seconds: 1_000.0,
                 phase_iterations: vec![10, 20],
                 jobs_per_phase: vec![2, 1],
+                max_gpus_per_phase: Vec::new(),
                 current_phase: 0,
                 jobs: vec![job("a", 30), job("b", 30)],
             }),

@@ -56,11 +56,6 @@ impl fmt::Display for Rho {
 /// an unbounded finish time) is written `null` in JSON.
 pub type RhoOld = Option<Rho>;
 
-/// Sort key that puts starving apps (infinite rho) after every finite rho.
-pub fn rho_old_sort_key(rho_old: RhoOld) -> f64 {
-    rho_old.map_or(f64::INFINITY, Rho::get)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

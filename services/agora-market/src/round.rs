@@ -32,6 +32,9 @@ pub struct RoundInputs {
     /// Where each app's leased GPUs are, so leftovers go near them. Apps holding nothing may
     /// be left out.
     pub holds: BTreeMap<AppId, Vec<GpuLocation>>,
+    /// Offered GPUs whose lease each app held until this round (its claim to renew them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claims: BTreeMap<AppId, Vec<GpuId>>,
     pub bids: Vec<AppBid>,
     pub leftover_policy: LeftoverPolicy,
 }
@@ -52,6 +55,9 @@ pub struct RoundDecision {
 /// leftover policy, whose leftover bids come from the engine's agents rather than the inputs.
 pub fn decide_round(inputs: &RoundInputs) -> Result<RoundDecision, MarketError> {
     match inputs.leftover_policy {
+        LeftoverPolicy::WorstFirst => decide_with(inputs, |leftover, non_bidders| {
+            Ok(hand_out_in_order(leftover, &non_bidders))
+        }),
         LeftoverPolicy::RandomToNonBidders => decide_with(inputs, |leftover, non_bidders| {
             let mut rng = ChaCha8Rng::seed_from_u64(inputs.seed ^ LEFTOVER_STREAM);
             Ok(hand_out_at_random(leftover, non_bidders, &mut rng))
@@ -107,10 +113,29 @@ fn recipients(
         .filter_map(|standing| {
             let got = grants.get(&standing.app).map_or(0, Vec::len);
             let unmet_demand = standing.unmet_demand.saturating_sub(got);
-            (unmet_demand > 0).then(|| Recipient {
-                app: standing.app.clone(),
-                unmet_demand,
-                holds: inputs.holds.get(&standing.app).cloned().unwrap_or_default(),
+            (unmet_demand > 0).then(|| {
+                let claimed = inputs
+                    .claims
+                    .get(&standing.app)
+                    .cloned()
+                    .unwrap_or_default();
+                let granted = grants.get(&standing.app).map_or(&[][..], Vec::as_slice);
+                // Near what it holds, what it claims and what it got earlier in this round.
+                let mut holds = inputs.holds.get(&standing.app).cloned().unwrap_or_default();
+                holds.extend(
+                    inputs
+                        .offer
+                        .gpus
+                        .iter()
+                        .filter(|gpu| claimed.contains(&gpu.id) || granted.contains(&gpu.id))
+                        .map(|gpu| gpu.location),
+                );
+                Recipient {
+                    app: standing.app.clone(),
+                    unmet_demand,
+                    holds,
+                    claimed,
+                }
             })
         })
         .collect()
@@ -171,6 +196,7 @@ mod tests {
             bidders: vec![AppId::from("a"), AppId::from("b")],
             standings: vec![standing("a"), standing("b")],
             holds: BTreeMap::new(),
+            claims: BTreeMap::new(),
             bids: vec![bid("a", 1.0), bid("b", 1.5)],
             leftover_policy: LeftoverPolicy::RandomToNonBidders,
         }

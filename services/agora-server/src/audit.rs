@@ -80,6 +80,7 @@ fn inputs_of(stored: &StoredRound) -> anyhow::Result<RoundInputs> {
         serde_json::from_value(stored.standings.clone()).context("stored standings")?;
     let holds: std::collections::BTreeMap<_, Vec<GpuLocation>> =
         serde_json::from_value(stored.holds.clone()).context("stored holdings")?;
+    let claims = serde_json::from_value(stored.claims.clone()).context("stored claims")?;
     let leftover_policy: LeftoverPolicy =
         serde_json::from_value(serde_json::Value::String(stored.leftover_policy.clone()))
             .context("stored leftover policy")?;
@@ -90,6 +91,7 @@ fn inputs_of(stored: &StoredRound) -> anyhow::Result<RoundInputs> {
         bidders: stored.bidders.iter().map(|&app| app_id(app)).collect(),
         standings,
         holds,
+        claims,
         bids: stored
             .bids
             .iter()

@@ -200,8 +200,8 @@ impl ServerConfig {
         Duration::from_millis(self.heartbeat_interval_ms)
     }
 
-    /// The engine's settings. The service always runs Themis with the paper's leftover rule,
-    /// whose rounds can be replayed from their stored inputs.
+    /// The engine's settings. The service always runs Themis with the engine's default
+    /// (worst-first) leftover rule, whose rounds can be replayed from their stored inputs.
     pub fn market(&self) -> MarketConfig {
         MarketConfig {
             fairness_knob: self.fairness_knob,

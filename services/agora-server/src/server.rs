@@ -13,7 +13,7 @@ use agora_market::auction::{AppBid, BidEntry, Offer};
 use agora_market::bids::PreparedOffer;
 use agora_market::hosts::Host;
 use agora_market::lease::{Lease, LeaseId, LeaseState};
-use agora_market::market::{Market, RoundOffer, Standing, Withdrawal};
+use agora_market::market::{Market, RecordedApp, RoundOffer, Standing, Withdrawal};
 use agora_market::rho::Rho;
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, Gpu, GpuId, GpuIndex, GpuLocation};
@@ -140,6 +140,7 @@ async fn restore(
         restore_hosts(store, &mut market).await?;
     }
     let mut members = Vec::new();
+    let mut apps = Vec::new();
     for app in store.active_apps().await? {
         let kind: AppKind = serde_json::from_value(app.state)
             .with_context(|| format!("stored state of app {}", app.id))?;
@@ -148,18 +149,32 @@ async fn restore(
             .ok_or_else(|| anyhow!("app {}: unknown bidding mode {}", app.id, app.bidding))?;
         let enforcement: Enforcement = serde_json::from_value(app.enforcement)
             .with_context(|| format!("stored enforcement of app {}", app.id))?;
-        let arrival = from_datetime(app.arrived_at);
-        market.restore_app(
-            App {
-                id: id.clone(),
-                kind,
-            },
-            arrival,
-            app.ended_gpu_seconds,
-            now,
-        )?;
+        let app_state = App {
+            id: id.clone(),
+            kind,
+        };
+        let recorded = RecordedApp {
+            arrival: from_datetime(app.arrived_at),
+            cluster_seconds: app
+                .cluster_seconds
+                .unwrap_or_else(|| market.cluster_time(&app_state)),
+            ended_gpu_seconds: app.ended_gpu_seconds,
+        };
+        apps.push((app_state, recorded));
         members.push((id, app.tenant_id, bidding, enforcement));
     }
+    let departed: Vec<(Timestamp, Timestamp)> = store
+        .departed_apps()
+        .await?
+        .into_iter()
+        .map(|app| {
+            (
+                from_datetime(app.arrived_at),
+                from_datetime(app.finished_at),
+            )
+        })
+        .collect();
+    market.restore_apps(apps, &departed, now)?;
     for lease in store.active_leases().await? {
         let gpus = gpu_indices(market.cluster(), &lease.gpus)?;
         market.restore_lease(Lease {
@@ -171,6 +186,10 @@ async fn restore(
             state: LeaseState::Active,
             ended_at: None,
         })?;
+    }
+    for lease in store.claimed_leases().await? {
+        let gpus = gpu_indices(market.cluster(), &lease.gpus)?;
+        market.restore_claim(app_id(lease.app_id), gpus)?;
     }
     for gpu in gpu_indices(market.cluster(), &store.unhealthy_gpus().await?)? {
         market.set_withdrawn(gpu, Withdrawal::Drained, true);

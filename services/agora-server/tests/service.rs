@@ -516,3 +516,92 @@ async fn a_restart_keeps_leases_history_and_acknowledged_bids() {
     assert_eq!(source, "framework");
     restarted.running.stop().await;
 }
+
+/// N_avg is rebuilt from every app's recorded arrival and departure, and T_cluster is stored
+/// with the app: an app's rho is the same, bit for bit, before and after a restart, also when
+/// apps have left before it.
+#[actix_web::test]
+async fn a_restart_leaves_every_apps_rho_as_it_was() {
+    let database = fresh_database().await;
+    let settings = config(&database);
+    let clock = start_clock();
+    let service = serve(&settings, clock.clone()).await;
+    let vision = service.tenant("vision").await;
+    let early = service.register(&vision, "early", "agent", 1, 1_000).await;
+    service
+        .wait_for_leases(&vision, early, |leases| active(leases).len() == 1)
+        .await;
+    clock.advance(Duration::from_secs(30));
+    let later = service.register(&vision, "later", "agent", 2, 5_000).await;
+    service
+        .wait_for_leases(&vision, later, |leases| active(leases).len() == 1)
+        .await;
+    clock.advance(Duration::from_secs(40));
+    let (status, body) = service
+        .call(
+            "POST",
+            &format!("/v1/apps/{early}/progress"),
+            &vision,
+            Some(json!({ "jobs": [{ "job": "j0", "completed_iterations": 1000 }] })),
+        )
+        .await;
+    assert_eq!(
+        (status, body["finished"].clone()),
+        (200, json!(true)),
+        "{body}"
+    );
+    clock.advance(Duration::from_secs(50));
+    let rho_of = |body: Value| body["now"]["rho"].as_f64();
+    let (status, why) = service
+        .call("GET", &format!("/v1/apps/{later}/why"), &vision, None)
+        .await;
+    assert_eq!(status, 200, "{why}");
+    let before = rho_of(why);
+    assert!(before.is_some(), "the later app holds GPUs");
+    service.running.stop().await;
+
+    let restarted = serve(&settings, clock).await;
+    let (status, why) = restarted
+        .call("GET", &format!("/v1/apps/{later}/why"), &vision, None)
+        .await;
+    assert_eq!(status, 200, "{why}");
+    assert_eq!(rho_of(why), before, "rho after the restart");
+    restarted.running.stop().await;
+}
+
+/// When a lease ends and nobody worse off wants its GPUs, its app renews onto the same GPUs:
+/// its jobs keep running where they run.
+#[actix_web::test]
+async fn a_renewed_lease_keeps_its_gpus() {
+    let database = fresh_database().await;
+    let service = serve(&config(&database), start_clock()).await;
+    let vision = service.tenant("vision").await;
+    let app = service
+        .register(&vision, "tuner", "agent", 2, 100_000)
+        .await;
+    let first = service
+        .wait_for_leases(&vision, app, |leases| active(leases).len() == 1)
+        .await;
+    let gpus = |lease: &Value| -> Vec<String> {
+        let mut ids: Vec<String> = lease["gpus"]
+            .as_array()
+            .expect("gpus")
+            .iter()
+            .map(|gpu| gpu["id"].as_str().expect("id").to_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let held = gpus(active(&first)[0]);
+    // Leases last 60 s.
+    service.clock.advance(Duration::from_secs(61));
+    let renewed = service
+        .wait_for_leases(&vision, app, |leases| {
+            leases.len() == 2 && active(leases).len() == 1
+        })
+        .await;
+    let renewal = active(&renewed)[0];
+    assert_ne!(renewal["id"], active(&first)[0]["id"], "a new lease");
+    assert_eq!(gpus(renewal), held, "on the same GPUs");
+    service.running.stop().await;
+}

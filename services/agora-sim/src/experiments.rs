@@ -393,7 +393,7 @@ fn rho_cdf(out: &mut Output, scale: ExperimentScale) -> Result<String, Experimen
     let runs = macrobenchmarks(scale)?;
     let mut csv = String::from("workload,policy,rank,cdf,rho\n");
     let mut summary_csv = String::from(
-        "workload,policy,apps,unfinished_apps,max_rho,median_rho,jains_index,fraction_rho_above_one\n",
+        "workload,policy,apps,unfinished_apps,max_rho,p95_rho,median_rho,jains_index,apps_rho_above_one,apps_rho_above_two\n",
     );
     let mut summary = String::new();
     for (figure, (workload, reports)) in ["fig9", "fig10"].iter().zip(&runs.workloads) {
@@ -404,11 +404,17 @@ fn rho_cdf(out: &mut Output, scale: ExperimentScale) -> Result<String, Experimen
                 let _ = writeln!(csv, "{workload},{policy},{rank},{cdf:.6},{rho:.6}");
             }
             let s = &report.summary;
-            let median = crate::metrics::percentile(&report.rho_cdf, 0.5);
             let _ = writeln!(
                 summary_csv,
-                "{workload},{policy},{},{},{:.6},{median:.6},{:.6},{:.6}",
-                s.apps, s.unfinished_apps, s.max_rho, s.jains_index, s.fraction_rho_above_one
+                "{workload},{policy},{},{},{:.6},{:.6},{:.6},{:.6},{},{}",
+                s.apps,
+                s.unfinished_apps,
+                s.max_rho,
+                s.p95_rho,
+                s.median_rho,
+                s.jains_index,
+                s.apps_rho_above_one,
+                s.apps_rho_above_two
             );
             series.push(Series::new(policy.name(), cdf_points(&report.rho_cdf)));
         }

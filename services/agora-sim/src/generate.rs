@@ -345,6 +345,9 @@ fn workload2_app(
         // Phases of at least one iteration can plan more than a tiny budget.
         budget_gpu_seconds: basics.gpu_seconds.max(planned),
         phase_iterations,
+        // Figure 8: each halving doubles what a surviving job may use, so the search keeps
+        // its width (jobs x GPUs per job) through its phases.
+        max_gpus_per_phase: (0..=log2_jobs).map(|phase| max_gpus << phase).collect(),
         jobs_per_phase,
         current_phase: 0,
         jobs,

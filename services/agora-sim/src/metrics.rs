@@ -2,8 +2,12 @@
 
 use std::fmt::Write as _;
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use agora_market::app::AppId;
+use agora_market::market::RoundOutcome;
 use agora_market::policy::Policy;
+use agora_market::topology::GpuIndex;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -13,9 +17,15 @@ pub struct AppReport {
     /// False if the simulation ended (nothing left to happen) before the app completed.
     pub finished: bool,
     pub arrival_seconds: f64,
-    /// T_sh: arrival to completion.
+    /// T_sh: arrival to completion (to the end of the run for an unfinished app).
     pub completion_seconds: f64,
-    /// Finish-time fairness T_sh / T_id, T_id = T_cluster x the app's time-averaged contention.
+    /// T_cluster: the app's finish time alone on the whole cluster, under the engine's job model
+    /// with the phases it actually ran (`simulator::hindsight_cluster_time`).
+    pub t_cluster_seconds: f64,
+    /// N_avg: the time-averaged number of active apps over the app's own lifetime.
+    pub n_avg: f64,
+    /// Finish-time fairness: completion_seconds / (t_cluster_seconds x n_avg), computed from
+    /// the two fields above and nothing else.
     pub rho: f64,
     /// GPU-seconds the app held.
     pub gpu_seconds: f64,
@@ -23,6 +33,120 @@ pub struct AppReport {
     pub placement_score: f64,
     /// How often the app's set of GPUs changed while it held some.
     pub reallocations: u32,
+    /// How often one of its jobs paused to checkpoint and restore on other GPUs.
+    pub restarts: u32,
+    /// GPU-seconds its jobs' GPUs sat idle in those pauses.
+    pub restart_gpu_seconds: f64,
+}
+
+impl AppReport {
+    /// An app's fairness: rho is derived from `completion_seconds`, `t_cluster_seconds` and
+    /// `n_avg`, so anyone can recompute it from the report.
+    pub fn new(
+        app: AppId,
+        model: String,
+        finished: bool,
+        arrival_seconds: f64,
+        completion_seconds: f64,
+        t_cluster_seconds: f64,
+        n_avg: f64,
+    ) -> Self {
+        Self {
+            app,
+            model,
+            finished,
+            arrival_seconds,
+            completion_seconds,
+            t_cluster_seconds,
+            n_avg,
+            rho: completion_seconds / (t_cluster_seconds * n_avg),
+            gpu_seconds: 0.0,
+            placement_score: 1.0,
+            reallocations: 0,
+            restarts: 0,
+            restart_gpu_seconds: 0.0,
+        }
+    }
+
+    /// What the app used: GPU time, placement, reallocations and restarts.
+    pub fn with_usage(
+        self,
+        gpu_seconds: f64,
+        placement_score: f64,
+        reallocations: u32,
+        restarts: u32,
+        restart_gpu_seconds: f64,
+    ) -> Self {
+        Self {
+            gpu_seconds,
+            placement_score,
+            reallocations,
+            restarts,
+            restart_gpu_seconds,
+            ..self
+        }
+    }
+}
+
+/// How the mechanism behaved over a run: what it offered, what agents bid, how leases and
+/// jobs moved.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MechanismStats {
+    /// Rounds that allocated anything.
+    pub rounds_with_offers: u64,
+    /// GPUs offered, summed over those rounds.
+    pub offered_gpus: u64,
+    /// Rounds whose offer was a single GPU.
+    pub single_gpu_offers: u64,
+    /// Bids made, and bids with no bundle at all (nothing offered would improve the app).
+    pub bids: u64,
+    pub empty_bids: u64,
+    pub leases_granted: u64,
+    /// Leases granted to an app on GPUs all of which its own lease had just expired on.
+    pub lease_renewals: u64,
+    /// Jobs that paused to checkpoint and restore on other GPUs.
+    pub restarts: u64,
+}
+
+impl MechanismStats {
+    /// Counts one round; `just_expired` holds, per app, the GPUs whose leases ended in this
+    /// instant.
+    pub fn count_round(
+        &mut self,
+        outcome: &RoundOutcome,
+        just_expired: &BTreeMap<AppId, BTreeSet<GpuIndex>>,
+    ) {
+        self.rounds_with_offers += 1;
+        self.offered_gpus += outcome.offer.gpus.len() as u64;
+        self.single_gpu_offers += u64::from(outcome.offer.gpus.len() == 1);
+        if let Some(auction) = &outcome.auction {
+            self.bids += auction.bids.len() as u64;
+            self.empty_bids += auction
+                .bids
+                .iter()
+                .filter(|bid| bid.bids.is_empty())
+                .count() as u64;
+        }
+        self.leases_granted += outcome.leases.len() as u64;
+        self.lease_renewals += outcome
+            .leases
+            .iter()
+            .filter(|lease| {
+                just_expired
+                    .get(&lease.app)
+                    .is_some_and(|expired| lease.gpus.iter().all(|gpu| expired.contains(gpu)))
+            })
+            .count() as u64;
+    }
+
+    /// Mean GPUs per offer.
+    pub fn mean_offer_gpus(&self) -> f64 {
+        if self.rounds_with_offers == 0 {
+            0.0
+        } else {
+            self.offered_gpus as f64 / self.rounds_with_offers as f64
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,16 +156,24 @@ pub struct RunSummary {
     pub unfinished_apps: usize,
     pub rounds: u64,
     pub max_rho: f64,
+    pub p99_rho: f64,
+    pub p95_rho: f64,
+    pub median_rho: f64,
+    pub mean_rho: f64,
     /// Jain's fairness index over rho: (sum x)^2 / (n sum x^2), 1 when all are equal.
     pub jains_index: f64,
-    pub fraction_rho_above_one: f64,
+    pub apps_rho_above_one: usize,
+    pub apps_rho_above_two: usize,
     pub total_gpu_seconds: f64,
+    /// GPU-seconds lost to restart pauses.
+    pub restart_gpu_seconds: f64,
     pub mean_completion_seconds: f64,
     pub p99_completion_seconds: f64,
     /// First arrival to last completion.
     pub makespan_seconds: f64,
     pub reallocations: u64,
     pub mean_placement_score: f64,
+    pub mechanism: MechanismStats,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,7 +185,12 @@ pub struct SimulationReport {
 }
 
 impl SimulationReport {
-    pub fn new(policy: Policy, apps: Vec<AppReport>, rounds: u64) -> Self {
+    pub fn new(
+        policy: Policy,
+        apps: Vec<AppReport>,
+        rounds: u64,
+        mechanism: MechanismStats,
+    ) -> Self {
         let rhos: Vec<f64> = apps.iter().map(|app| app.rho).collect();
         let mut rho_cdf = rhos.clone();
         rho_cdf.sort_by(f64::total_cmp);
@@ -72,9 +209,15 @@ impl SimulationReport {
             unfinished_apps: apps.iter().filter(|app| !app.finished).count(),
             rounds,
             max_rho: rho_cdf.last().copied().unwrap_or(0.0),
+            p99_rho: percentile(&rhos, 0.99),
+            p95_rho: percentile(&rhos, 0.95),
+            median_rho: percentile(&rhos, 0.5),
+            mean_rho: mean(&rhos),
             jains_index: jains_index(&rhos),
-            fraction_rho_above_one: fraction(&rhos, |rho| rho > 1.0),
+            apps_rho_above_one: rhos.iter().filter(|&&rho| rho > 1.0).count(),
+            apps_rho_above_two: rhos.iter().filter(|&&rho| rho > 2.0).count(),
             total_gpu_seconds: apps.iter().map(|app| app.gpu_seconds).sum(),
+            restart_gpu_seconds: apps.iter().map(|app| app.restart_gpu_seconds).sum(),
             mean_completion_seconds: mean(&completions),
             p99_completion_seconds: percentile(&completions, 0.99),
             makespan_seconds: if apps.is_empty() {
@@ -89,6 +232,7 @@ impl SimulationReport {
                     .map(|app| app.placement_score)
                     .collect::<Vec<_>>(),
             ),
+            mechanism,
         };
         Self {
             summary,
@@ -97,24 +241,28 @@ impl SimulationReport {
         }
     }
 
-    /// One line per app, with a header.
+    /// One line per app, with a header; enough to recompute each rho.
     pub fn apps_csv(&self) -> String {
         let mut csv = String::from(
-            "app,model,finished,arrival_seconds,completion_seconds,rho,gpu_seconds,placement_score,reallocations\n",
+            "app,model,finished,arrival_seconds,completion_seconds,t_cluster_seconds,n_avg,rho,gpu_seconds,placement_score,reallocations,restarts,restart_gpu_seconds\n",
         );
         for app in &self.apps {
             let _ = writeln!(
                 csv,
-                "{},{},{},{:.3},{:.3},{:.6},{:.3},{:.6},{}",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{}",
                 app.app,
                 app.model,
                 app.finished,
                 app.arrival_seconds,
                 app.completion_seconds,
+                app.t_cluster_seconds,
+                app.n_avg,
                 app.rho,
                 app.gpu_seconds,
                 app.placement_score,
-                app.reallocations
+                app.reallocations,
+                app.restarts,
+                app.restart_gpu_seconds
             );
         }
         csv
@@ -160,14 +308,6 @@ fn mean(values: &[f64]) -> f64 {
         0.0
     } else {
         values.iter().sum::<f64>() / values.len() as f64
-    }
-}
-
-fn fraction(values: &[f64], predicate: impl Fn(f64) -> bool) -> f64 {
-    if values.is_empty() {
-        0.0
-    } else {
-        values.iter().filter(|&&value| predicate(value)).count() as f64 / values.len() as f64
     }
 }
 

@@ -8,27 +8,26 @@
 //! jobs stop at their predicted iteration. Every decision about who gets which GPU is the
 //! engine's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use agora_market::app::{App, AppId, AppKind, Job, PlacementSlowdown};
-use agora_market::fairness::{ideal_cluster_time, job_shares, ContentionTracker};
+use agora_market::app::{App, AppId, AppKind, Job, PlacementSlowdown, SuccessiveHalving};
+use agora_market::fairness::{job_widths, place_widths, plan_time, ContentionTracker, Lifetime};
 use agora_market::market::{Market, MarketConfig, MarketError};
 use agora_market::time::Timestamp;
-use agora_market::topology::{Cluster, GpuIndex};
+use agora_market::topology::{Cluster, GpuIndex, GpuLocation};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::{AppReport, SimulationReport};
+use crate::metrics::{AppReport, MechanismStats, SimulationReport};
+use crate::trace::MAX_ARRIVAL_SECONDS;
 use crate::workload::{Workload, WorkloadApp};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SimulationConfig {
+    /// The market's settings, the restart pause of a job whose GPUs change among them.
     pub market: MarketConfig,
-    /// Pause of a job whose GPUs change, to checkpoint and restore (§6.2.3 measures ~35 s).
-    #[serde(with = "agora_market::time::duration_seconds")]
-    pub restart_pause: Duration,
     pub seed: u64,
     /// Relative error injected into what the market is told of each job's serial iteration
     /// time: each job's is multiplied by a factor drawn uniformly from [1 - e, 1 + e] (Fig 17).
@@ -41,7 +40,6 @@ impl Default for SimulationConfig {
     fn default() -> Self {
         Self {
             market: MarketConfig::default(),
-            restart_pause: Duration::from_secs(35),
             seed: 0,
             estimation_error: 0.0,
             misreport: None,
@@ -61,8 +59,22 @@ pub struct Misreport {
 pub enum SimulationError {
     #[error("the workload has two apps with id {0}; app ids must be unique")]
     DuplicateApp(AppId),
-    #[error("app {0} arrives at an invalid time; arrival_seconds must be finite and >= 0")]
+    #[error(
+        "app {0} arrives at an invalid time; arrival_seconds must be a number of seconds in \
+         [0, 1e9]"
+    )]
     InvalidArrival(AppId),
+    #[error(
+        "app {app}: job {job} wants {max_gpus} GPUs but the cluster has only {cluster}; \
+         give it at most {cluster} (max_gpus, or num_gpu in a Tiresias trace) or simulate a \
+         larger cluster"
+    )]
+    JobLargerThanCluster {
+        app: AppId,
+        job: String,
+        max_gpus: u32,
+        cluster: usize,
+    },
     #[error(transparent)]
     Market(#[from] MarketError),
 }
@@ -101,6 +113,8 @@ struct RunningJob {
     gpus: Vec<GpuIndex>,
     paused_until: Timestamp,
     has_run: bool,
+    /// The successive-halving phase it was last placed in.
+    placed_in_phase: usize,
 }
 
 /// An app as it actually runs: the truth, plus what was measured.
@@ -108,22 +122,31 @@ struct RunningJob {
 struct RunningApp {
     truth: App,
     model: String,
-    arrival: Timestamp,
     quality: BTreeMap<String, f64>,
     jobs: BTreeMap<String, RunningJob>,
     gpus: Vec<GpuIndex>,
-    finish: Option<Timestamp>,
-    contention_at_arrival: f64,
-    ideal_cluster_seconds: f64,
+    lifetime: Lifetime,
+    /// T_cluster with hindsight ([`hindsight_cluster_time`]).
+    cluster_seconds: f64,
     gpu_seconds: f64,
     placement_score_seconds: f64,
     running_job_seconds: f64,
     reallocations: u32,
+    restarts: u32,
+    restart_gpu_seconds: f64,
+}
+
+impl RunningApp {
+    fn is_active(&self) -> bool {
+        self.lifetime.departure().is_none()
+    }
 }
 
 struct World<'a> {
     config: &'a SimulationConfig,
     cluster: &'a Cluster,
+    /// Every GPU's location, for T_cluster.
+    cluster_locations: Vec<GpuLocation>,
     market: Market,
     now: Timestamp,
     pending: Vec<WorkloadApp>,
@@ -132,6 +155,10 @@ struct World<'a> {
     rng: ChaCha8Rng,
     rounds: u64,
     total_apps: usize,
+    /// GPUs whose leases expired at `now`, by the app that held them: a lease granted on them
+    /// to the same app in this instant's round is a renewal.
+    just_expired: BTreeMap<AppId, BTreeSet<GpuIndex>>,
+    mechanism: MechanismStats,
 }
 
 impl<'a> World<'a> {
@@ -141,16 +168,32 @@ impl<'a> World<'a> {
         config: &'a SimulationConfig,
     ) -> Result<Self, SimulationError> {
         let mut pending = workload.apps.clone();
-        let mut seen = std::collections::BTreeSet::new();
+        let mut seen = BTreeSet::new();
         for entry in &pending {
             if !seen.insert(entry.app.id.clone()) {
                 return Err(SimulationError::DuplicateApp(entry.app.id.clone()));
             }
-            if !(entry.arrival_seconds.is_finite() && entry.arrival_seconds >= 0.0) {
+            if !(entry.arrival_seconds.is_finite()
+                && (0.0..=MAX_ARRIVAL_SECONDS).contains(&entry.arrival_seconds))
+            {
                 return Err(SimulationError::InvalidArrival(entry.app.id.clone()));
             }
+            if let Some(job) = entry
+                .app
+                .jobs()
+                .into_iter()
+                .find(|job| job.max_gpus as usize > cluster.len())
+            {
+                return Err(SimulationError::JobLargerThanCluster {
+                    app: entry.app.id.clone(),
+                    job: job.id.clone(),
+                    max_gpus: job.max_gpus,
+                    cluster: cluster.len(),
+                });
+            }
         }
-        // Latest first, so the next arrival is popped from the end.
+        // Latest first, so the next arrival is popped from the end. Apps arriving together
+        // are admitted in id order: admission order decides nothing but is fixed.
         pending.sort_by(|a, b| {
             b.arrival_seconds
                 .total_cmp(&a.arrival_seconds)
@@ -159,6 +202,7 @@ impl<'a> World<'a> {
         Ok(Self {
             config,
             cluster,
+            cluster_locations: cluster.gpus().map(|(_, gpu)| gpu.location).collect(),
             market: Market::new(cluster.clone(), config.market, Timestamp(0))?,
             now: Timestamp(0),
             total_apps: pending.len(),
@@ -167,17 +211,15 @@ impl<'a> World<'a> {
             contention: ContentionTracker::new(Timestamp(0)),
             rng: ChaCha8Rng::seed_from_u64(config.seed),
             rounds: 0,
+            just_expired: BTreeMap::new(),
+            mechanism: MechanismStats::default(),
         })
     }
 
     fn progress(&self) -> Progress {
         Progress {
             now: self.now,
-            finished_apps: self
-                .apps
-                .values()
-                .filter(|app| app.finish.is_some())
-                .count(),
+            finished_apps: self.apps.values().filter(|app| !app.is_active()).count(),
             total_apps: self.total_apps,
         }
     }
@@ -204,11 +246,11 @@ impl<'a> World<'a> {
     /// When the first of the app's running jobs reaches its target (a millisecond later than
     /// the exact time, so the job is surely past it when the event is handled).
     fn next_milestone(&self, app: &RunningApp) -> Option<Timestamp> {
-        app.finish.is_none().then_some(())?;
+        app.is_active().then_some(())?;
         running_jobs(&app.truth)
             .filter_map(|job| {
                 let running = &app.jobs[&job.id];
-                let speed = self.iterations_per_second(job, &running.gpus)?;
+                let speed = self.iterations_per_second(&app.truth, job, &running.gpus)?;
                 let left = (target_iterations(&app.truth, job) - running.completed).max(0.0);
                 let start = running.paused_until.max(self.now);
                 Some(
@@ -220,11 +262,11 @@ impl<'a> World<'a> {
             .min()
     }
 
-    fn iterations_per_second(&self, job: &Job, gpus: &[GpuIndex]) -> Option<f64> {
+    fn iterations_per_second(&self, app: &App, job: &Job, gpus: &[GpuIndex]) -> Option<f64> {
         if gpus.is_empty() {
             return None;
         }
-        let used = gpus.len().min(job.max_gpus.max(1) as usize);
+        let used = gpus.len().min(app.job_max_gpus(job).max(1) as usize);
         let slowdown = job.slowdown.at(self.cluster.locality(&gpus[..used]));
         Some(used as f64 / (job.serial_iteration_time * slowdown))
     }
@@ -232,15 +274,16 @@ impl<'a> World<'a> {
     /// Runs every job from `self.now` to `until` and books GPU time and placement.
     fn advance_to(&mut self, until: Timestamp) {
         let (from, cluster) = (self.now, self.cluster);
-        for app in self.apps.values_mut().filter(|app| app.finish.is_none()) {
+        for app in self.apps.values_mut().filter(|app| app.is_active()) {
             app.gpu_seconds += app.gpus.len() as f64 * until.saturating_since(from).as_secs_f64();
             let jobs: Vec<Job> = running_jobs(&app.truth).cloned().collect();
             for job in jobs {
+                let cap = app.truth.job_max_gpus(&job).max(1) as usize;
                 let running = app.jobs.get_mut(&job.id).expect("every job is tracked");
                 if running.gpus.is_empty() {
                     continue;
                 }
-                let used = running.gpus.len().min(job.max_gpus.max(1) as usize);
+                let used = running.gpus.len().min(cap);
                 let slowdown = job.slowdown.at(cluster.locality(&running.gpus[..used]));
                 let seconds = until
                     .saturating_since(running.paused_until.max(from))
@@ -256,26 +299,31 @@ impl<'a> World<'a> {
         self.now = until;
     }
 
-    fn active_apps(&self) -> usize {
-        self.apps
-            .values()
-            .filter(|app| app.finish.is_none())
-            .count()
-    }
-
     /// Applies what happens at `self.now`; true if GPUs were freed or claimed (a round is due).
     fn handle_events(&mut self) -> Result<bool, SimulationError> {
         let now = self.now;
-        let mut changed = !self.market.expire_leases(now).is_empty();
+        // Progress first: GPUs that jobs finishing now leave idle are given back before leases
+        // end, so an expiring lease's app claims only the GPUs its jobs still run on.
+        let mut changed = false;
         let ids: Vec<AppId> = self
             .apps
             .iter()
-            .filter(|(_, app)| app.finish.is_none())
+            .filter(|(_, app)| app.is_active())
             .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
             changed |= self.settle_progress(&id)?;
         }
+        self.just_expired.clear();
+        let expired = self.market.expire_leases(now);
+        for lease in &expired {
+            self.just_expired
+                .entry(lease.app.clone())
+                .or_default()
+                .extend(lease.gpus.iter().copied());
+        }
+        changed |= !expired.is_empty();
+
         while self
             .pending
             .last()
@@ -285,8 +333,6 @@ impl<'a> World<'a> {
             self.arrive(entry)?;
             changed = true;
         }
-        self.contention
-            .set_active_apps(now, self.active_apps() as u32);
         Ok(changed)
     }
 
@@ -299,22 +345,7 @@ impl<'a> World<'a> {
         let phase_done = running_jobs(&app.truth).next().is_none();
         if let AppKind::SuccessiveHalving(search) = &mut app.truth.kind {
             if phase_done && search.current_phase + 1 < search.phase_iterations.len() {
-                let keep = search
-                    .jobs_per_phase
-                    .get(search.current_phase + 1)
-                    .copied()
-                    .unwrap_or(0) as usize;
-                let mut survivors: Vec<&Job> =
-                    search.jobs.iter().filter(|job| !job.stopped).collect();
-                survivors.sort_by(|a, b| {
-                    let quality = |job: &Job| app.quality.get(&job.id).copied().unwrap_or(0.0);
-                    quality(b).total_cmp(&quality(a)).then(a.id.cmp(&b.id))
-                });
-                let names: Vec<String> = survivors
-                    .iter()
-                    .take(keep)
-                    .map(|job| job.id.clone())
-                    .collect();
+                let names = survivors(search, &app.quality);
                 let names: Vec<&str> = names.iter().map(String::as_str).collect();
                 search.advance_phase(&names);
                 if let Some(AppKind::SuccessiveHalving(reported)) =
@@ -330,7 +361,7 @@ impl<'a> World<'a> {
             copy_progress(&truth, reported);
         }
         if finished {
-            app.finish = Some(now);
+            self.contention.depart(&mut app.lifetime, now);
             app.gpus.clear();
             self.market.remove_app(id, now)?;
             return Ok(true);
@@ -338,27 +369,33 @@ impl<'a> World<'a> {
         self.release_surplus(id, now)
     }
 
-    /// An app holding more GPUs than its jobs can use gives whole leases back early, largest
-    /// first, as long as it keeps enough for its demand. True if it released any.
+    /// An app holding more GPUs than its demand gives the idle ones (no running job's) back at
+    /// once, keeping enough for its demand: at its lease's end it then claims just the GPUs its
+    /// jobs run on. True if it released any.
     fn release_surplus(&mut self, id: &AppId, now: Timestamp) -> Result<bool, SimulationError> {
         let demand = self.market.app(id).map_or(0, App::current_demand) as usize;
-        let mut leases: Vec<(usize, agora_market::lease::LeaseId)> = self
+        let held: Vec<GpuIndex> = self
             .market
             .leases()
             .leases_of(id)
-            .map(|lease| (lease.gpus.len(), lease.id))
+            .flat_map(|lease| lease.gpus.iter().copied())
             .collect();
-        leases.sort_by(|a, b| b.cmp(a));
-        let mut held: usize = leases.iter().map(|(size, _)| size).sum();
-        let mut released = false;
-        for (size, lease) in leases {
-            if held - size >= demand {
-                self.market.release_lease(lease, now)?;
-                held -= size;
-                released = true;
-            }
+        let surplus = held.len().saturating_sub(demand);
+        if surplus == 0 {
+            return Ok(false);
         }
-        Ok(released)
+        let app = &self.apps[id];
+        let busy: BTreeSet<GpuIndex> = running_jobs(&app.truth)
+            .flat_map(|job| app.jobs[&job.id].gpus.iter().copied())
+            .collect();
+        let mut idle: Vec<GpuIndex> = held.into_iter().filter(|gpu| !busy.contains(gpu)).collect();
+        idle.sort_by_key(|&gpu| std::cmp::Reverse((self.cluster.location(gpu), gpu)));
+        idle.truncate(surplus);
+        if idle.is_empty() {
+            return Ok(false);
+        }
+        self.market.release_gpus(id, &idle, now)?;
+        Ok(true)
     }
 
     fn arrive(&mut self, entry: WorkloadApp) -> Result<(), SimulationError> {
@@ -372,26 +409,30 @@ impl<'a> World<'a> {
                     gpus: Vec::new(),
                     paused_until: now,
                     has_run: false,
+                    placed_in_phase: 0,
                 };
                 (job.id.clone(), running)
             })
             .collect();
-        self.contention
-            .set_active_apps(now, self.active_apps() as u32 + 1);
         let app = RunningApp {
-            ideal_cluster_seconds: ideal_cluster_time(&entry.app, self.cluster.len() as u32),
+            cluster_seconds: hindsight_cluster_time(
+                &entry.app,
+                &entry.job_quality,
+                &self.cluster_locations,
+                self.config.market.restart_pause.as_secs_f64(),
+            ),
             truth: entry.app,
             model: entry.model,
-            arrival: now,
             quality: entry.job_quality,
             jobs,
             gpus: Vec::new(),
-            finish: None,
-            contention_at_arrival: self.contention.integral_at(now),
+            lifetime: self.contention.arrive(now),
             gpu_seconds: 0.0,
             placement_score_seconds: 0.0,
             running_job_seconds: 0.0,
             reallocations: 0,
+            restarts: 0,
+            restart_gpu_seconds: 0.0,
         };
         self.apps.insert(app.truth.id.clone(), app);
         Ok(())
@@ -423,16 +464,18 @@ impl<'a> World<'a> {
         self.rounds += 1;
         let seed = self.config.seed ^ self.rounds.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         if let Some(outcome) = self.market.run_round(self.now, seed) {
-            outcome?;
+            let outcome = outcome?;
+            self.mechanism.count_round(&outcome, &self.just_expired);
         }
         Ok(())
     }
 
-    /// Each app's scheduler shares the app's GPUs among its running jobs; a job whose GPUs
-    /// change pauses to checkpoint and restore.
+    /// Each app's scheduler places its running jobs on the app's GPUs ([`place_jobs`]); a job
+    /// whose GPUs change pauses to checkpoint and restore.
     fn assign_gpus_to_jobs(&mut self) {
-        let (now, pause) = (self.now, self.config.restart_pause);
-        for (id, app) in self.apps.iter_mut().filter(|(_, app)| app.finish.is_none()) {
+        let (now, pause) = (self.now, self.config.market.restart_pause);
+        let cluster = self.cluster;
+        for (id, app) in self.apps.iter_mut().filter(|(_, app)| app.is_active()) {
             let mut gpus: Vec<GpuIndex> = self
                 .market
                 .leases()
@@ -440,66 +483,247 @@ impl<'a> World<'a> {
                 .flat_map(|lease| lease.gpus.clone())
                 .collect();
             // A canonical order, so an unchanged set of GPUs never looks like a move.
-            gpus.sort_by_key(|&gpu| (self.cluster.location(gpu), gpu));
+            gpus.sort_by_key(|&gpu| (cluster.location(gpu), gpu));
             if gpus != app.gpus && !app.gpus.is_empty() {
                 app.reallocations += 1;
             }
+            let grew = gpus.len() > app.gpus.len();
             app.gpus = gpus;
-            let jobs: Vec<&Job> = running_jobs(&app.truth).collect();
-            let work: Vec<f64> = jobs
-                .iter()
+            let phase = current_phase(&app.truth);
+            let plans: Vec<JobPlacement> = running_jobs(&app.truth)
                 .map(|job| {
-                    (target_iterations(&app.truth, job) - app.jobs[&job.id].completed)
-                        * job.serial_iteration_time
+                    let running = &app.jobs[&job.id];
+                    JobPlacement {
+                        work: (target_iterations(&app.truth, job) - running.completed)
+                            * job.serial_iteration_time,
+                        max_gpus: app.truth.job_max_gpus(job),
+                        slowdown: job.slowdown,
+                        current: running.gpus.clone(),
+                        may_resize: grew || running.placed_in_phase != phase,
+                    }
                 })
                 .collect();
-            let demands: Vec<u32> = jobs.iter().map(|job| job.max_gpus).collect();
-            let shares = job_shares(&work, &demands, app.gpus.len());
-            for (job, share) in jobs.iter().zip(shares) {
-                let assigned = share
-                    .map(|range| app.gpus[range].to_vec())
-                    .unwrap_or_default();
-                let running = app.jobs.get_mut(&job.id).expect("every job is tracked");
-                if assigned != running.gpus {
-                    if running.has_run && !assigned.is_empty() {
-                        running.paused_until = now.saturating_add(pause);
-                    }
-                    running.has_run |= !assigned.is_empty();
-                    running.gpus = assigned;
+            let placed = place_jobs(&plans, &app.gpus, cluster, pause.as_secs_f64());
+            let ids: Vec<String> = running_jobs(&app.truth).map(|job| job.id.clone()).collect();
+            for (job, assigned) in ids.iter().zip(placed) {
+                let running = app.jobs.get_mut(job).expect("every job is tracked");
+                running.placed_in_phase = phase;
+                if assigned == running.gpus {
+                    continue;
                 }
+                if running.has_run && !assigned.is_empty() {
+                    running.paused_until = now.saturating_add(pause);
+                    app.restarts += 1;
+                    app.restart_gpu_seconds += pause.as_secs_f64() * assigned.len() as f64;
+                }
+                running.has_run |= !assigned.is_empty();
+                running.gpus = assigned;
             }
         }
     }
 
-    fn report(self) -> SimulationReport {
+    fn report(mut self) -> SimulationReport {
+        let end = self.now;
+        self.mechanism.restarts = self.apps.values().map(|app| u64::from(app.restarts)).sum();
         let apps = self
             .apps
             .into_values()
             .map(|app| {
-                let finish = app.finish.unwrap_or(self.now);
-                let average_contention =
-                    self.contention
-                        .average_since(app.arrival, app.contention_at_arrival, finish);
-                let completion_seconds = finish.saturating_since(app.arrival).as_secs_f64();
-                AppReport {
-                    finished: app.finish.is_some(),
-                    app: app.truth.id.clone(),
-                    model: app.model,
-                    arrival_seconds: app.arrival.as_secs_f64(),
-                    completion_seconds,
-                    rho: completion_seconds / (app.ideal_cluster_seconds * average_contention),
-                    gpu_seconds: app.gpu_seconds,
-                    placement_score: if app.running_job_seconds > 0.0 {
+                let finish = app.lifetime.departure();
+                let n_avg = app.lifetime.average_contention(&self.contention, end);
+                AppReport::new(
+                    app.truth.id.clone(),
+                    app.model,
+                    finish.is_some(),
+                    app.lifetime.arrival.as_secs_f64(),
+                    finish
+                        .unwrap_or(end)
+                        .saturating_since(app.lifetime.arrival)
+                        .as_secs_f64(),
+                    app.cluster_seconds,
+                    n_avg,
+                )
+                .with_usage(
+                    app.gpu_seconds,
+                    if app.running_job_seconds > 0.0 {
                         app.placement_score_seconds / app.running_job_seconds
                     } else {
                         1.0
                     },
-                    reallocations: app.reallocations,
-                }
+                    app.reallocations,
+                    app.restarts,
+                    app.restart_gpu_seconds,
+                )
             })
             .collect();
-        SimulationReport::new(self.config.market.policy, apps, self.rounds)
+        SimulationReport::new(self.config.market.policy, apps, self.rounds, self.mechanism)
     }
+}
+
+/// What an app's scheduler knows of one running job when it places it.
+#[derive(Debug, Clone)]
+struct JobPlacement {
+    /// GPU-seconds of work left to the job's current target.
+    work: f64,
+    max_gpus: u32,
+    slowdown: PlacementSlowdown,
+    /// The GPUs it runs on now.
+    current: Vec<GpuIndex>,
+    /// Whether it may change width now: it entered a new phase, or the app got more GPUs.
+    may_resize: bool,
+}
+
+impl JobPlacement {
+    /// Seconds to finish on `gpus`.
+    fn time_on(&self, gpus: &[GpuIndex], cluster: &Cluster) -> f64 {
+        if gpus.is_empty() {
+            return f64::INFINITY;
+        }
+        let used = gpus.len().min(self.max_gpus.max(1) as usize);
+        self.work * self.slowdown.at(cluster.locality(&gpus[..used])) / used as f64
+    }
+}
+
+/// How an app's scheduler places its running jobs on `held` (the app's GPUs), as the job
+/// model does ([`job_widths`], [`place_widths`]) but without moving a job for nothing:
+///
+/// - a job keeps its GPUs, at the width it started with, while the app holds them all;
+/// - when it enters a new phase or the app got more GPUs, a job whose width should change is
+///   resized if that pays (growing must save more than the restart pause; a narrower share
+///   forces it) and, restarting anyway, is placed afresh;
+/// - jobs without GPUs, and resized ones, are placed on the free GPUs together, the job the
+///   phase waits for first; once some jobs run, jobs that never ran queue for one GPU each as
+///   GPUs free up, as the job model's phases do when GPUs are fewer than jobs.
+///
+/// Returns each job's GPUs, in the order of `jobs`.
+fn place_jobs(
+    jobs: &[JobPlacement],
+    held: &[GpuIndex],
+    cluster: &Cluster,
+    restart_pause_seconds: f64,
+) -> Vec<Vec<GpuIndex>> {
+    let work: Vec<f64> = jobs.iter().map(|job| job.work).collect();
+    let demands: Vec<u32> = jobs.iter().map(|job| job.max_gpus).collect();
+    let widths: Vec<usize> = job_widths(&work, &demands, held.len())
+        .into_iter()
+        .map(|width| width.max(1))
+        .collect();
+    let holds: BTreeSet<GpuIndex> = held.iter().copied().collect();
+    let resizes = |job: &JobPlacement, width: usize| {
+        let current = job.current.len();
+        job.may_resize
+            && (width < current
+                || (width > current
+                    && job.time_on(&job.current, cluster) * (1.0 - current as f64 / width as f64)
+                        > restart_pause_seconds))
+    };
+    let mut placed: Vec<Vec<GpuIndex>> = jobs
+        .iter()
+        .zip(&widths)
+        .map(|(job, &width)| {
+            let intact =
+                !job.current.is_empty() && job.current.iter().all(|gpu| holds.contains(gpu));
+            if intact && !resizes(job, width) {
+                job.current.clone()
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
+    let queueing = placed.iter().any(|gpus| !gpus.is_empty());
+    let mut by_work: Vec<usize> = (0..jobs.len()).collect();
+    by_work.sort_by(|&a, &b| work[b].total_cmp(&work[a]).then(a.cmp(&b)));
+    let unplaced: Vec<usize> = by_work
+        .into_iter()
+        .filter(|&job| placed[job].is_empty())
+        .collect();
+    let unplaced_widths: Vec<usize> = unplaced
+        .iter()
+        .map(|&job| {
+            let job_placement = &jobs[job];
+            let intact = !job_placement.current.is_empty()
+                && job_placement.current.iter().all(|gpu| holds.contains(gpu));
+            match job_placement.current.len() {
+                0 if queueing => 1,
+                0 => widths[job],
+                _ if intact => widths[job],
+                // A job moved off GPUs the app lost resumes at its width.
+                width => width.min(widths[job]),
+            }
+        })
+        .collect();
+    let free = free_gpus(held, &placed);
+    let pool: Vec<GpuLocation> = free.iter().map(|&gpu| cluster.location(gpu)).collect();
+    let unplaced_work: Vec<f64> = unplaced.iter().map(|&job| work[job]).collect();
+    let placements = place_widths(&unplaced_widths, &unplaced_work, &pool);
+    for (&job, positions) in unplaced.iter().zip(placements) {
+        placed[job] = positions
+            .into_iter()
+            .map(|position| free[position])
+            .collect();
+    }
+    placed
+}
+
+/// The GPUs of `held` no job has been placed on, in `held`'s order.
+fn free_gpus(held: &[GpuIndex], placed: &[Vec<GpuIndex>]) -> Vec<GpuIndex> {
+    let taken: BTreeSet<GpuIndex> = placed.iter().flatten().copied().collect();
+    held.iter()
+        .copied()
+        .filter(|gpu| !taken.contains(gpu))
+        .collect()
+}
+
+/// T_cluster with hindsight, for the report: the app's phases as they will actually run (the
+/// survivors its job quality picks, not the engine's median-job estimate), holding every GPU
+/// of the cluster, under the engine's job model ([`plan_time`]).
+pub fn hindsight_cluster_time(
+    app: &App,
+    quality: &BTreeMap<String, f64>,
+    cluster: &[GpuLocation],
+    restart_pause_seconds: f64,
+) -> f64 {
+    let mut app = app.clone();
+    let mut phases = Vec::new();
+    loop {
+        phases.push(app.running_jobs());
+        let AppKind::SuccessiveHalving(search) = &mut app.kind else {
+            break;
+        };
+        if search.current_phase + 1 >= search.phase_iterations.len() {
+            break;
+        }
+        let phase_end: u64 = search
+            .phase_iterations
+            .iter()
+            .take(search.current_phase + 1)
+            .sum();
+        for job in search.jobs.iter_mut().filter(|job| !job.stopped) {
+            job.completed_iterations = job.completed_iterations.max(phase_end);
+        }
+        let names = survivors(search, quality);
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        search.advance_phase(&names);
+    }
+    plan_time(&phases, cluster, restart_pause_seconds)
+}
+
+/// The jobs a successive-halving search keeps for its next phase: the best by quality (ties by
+/// job id), as many as the next phase runs.
+fn survivors(search: &SuccessiveHalving, quality: &BTreeMap<String, f64>) -> Vec<String> {
+    let keep = search
+        .jobs_per_phase
+        .get(search.current_phase + 1)
+        .copied()
+        .unwrap_or(0) as usize;
+    let mut running: Vec<&Job> = search.jobs.iter().filter(|job| !job.stopped).collect();
+    let score = |job: &Job| quality.get(&job.id).copied().unwrap_or(0.0);
+    running.sort_by(|a, b| score(b).total_cmp(&score(a)).then(a.id.cmp(&b.id)));
+    running
+        .into_iter()
+        .take(keep)
+        .map(|job| job.id.clone())
+        .collect()
 }
 
 fn exaggerate(slowdown: PlacementSlowdown, exaggeration: f64) -> PlacementSlowdown {
@@ -527,6 +751,14 @@ fn all_jobs_mut(app: &mut App) -> Box<dyn Iterator<Item = &mut Job> + '_> {
         AppKind::PerformanceCurve(search) => {
             Box::new(search.jobs.iter_mut().map(|curve| &mut curve.job))
         }
+    }
+}
+
+/// The phase a successive-halving app is in (0 for other apps).
+fn current_phase(app: &App) -> usize {
+    match &app.kind {
+        AppKind::SuccessiveHalving(search) => search.current_phase,
+        _ => 0,
     }
 }
 

@@ -112,12 +112,25 @@ pub enum WorkloadProblem {
     DuplicateJob { app: String, job: String },
     #[error("app `{app}`: {reason}")]
     App { app: String, reason: String },
+    #[error("the workload has no apps: there is nothing to simulate")]
+    Empty,
 }
+
+/// The latest arrival a workload may have: 31 years. Later ones are errors (a timestamp in
+/// milliseconds since the epoch given as seconds, say), not workloads.
+pub const MAX_ARRIVAL_SECONDS: f64 = 1e9;
+
+/// The longest a job may run on all its GPUs: 116 days. Every lease of it is a round, so a
+/// longer one would simulate for hours to tell nothing a shorter trace would not.
+pub const MAX_JOB_SECONDS: f64 = 1e7;
 
 /// Checks what the engine's types cannot: unique app and job ids, finite non-negative
 /// arrivals, and per job positive iterations and iteration times, at least one GPU and
 /// slowdowns >= 1; successive-halving plans that are consistent; and at least one job to run.
 pub fn check_workload(workload: &Workload) -> Result<(), WorkloadProblem> {
+    if workload.apps.is_empty() {
+        return Err(WorkloadProblem::Empty);
+    }
     let mut app_ids = BTreeSet::new();
     let mut job_ids = BTreeSet::new();
     for entry in &workload.apps {
@@ -129,13 +142,28 @@ pub fn check_workload(workload: &Workload) -> Result<(), WorkloadProblem> {
         if !app_ids.insert(app.clone()) {
             return Err(WorkloadProblem::DuplicateApp(app.clone()));
         }
-        if !(entry.arrival_seconds.is_finite() && entry.arrival_seconds >= 0.0) {
+        if !(entry.arrival_seconds.is_finite()
+            && (0.0..=MAX_ARRIVAL_SECONDS).contains(&entry.arrival_seconds))
+        {
             return Err(fail(format!(
-                "arrival_seconds must be finite and >= 0, got {}",
+                "arrival_seconds must be a number of seconds in [0, {MAX_ARRIVAL_SECONDS:e}] \
+                 (31 years), got {}",
                 entry.arrival_seconds
             )));
         }
         entry.app.validate().map_err(fail)?;
+        for job in entry.app.jobs() {
+            let seconds = job.total_iterations as f64 * job.serial_iteration_time
+                / f64::from(job.max_gpus.max(1));
+            if seconds > MAX_JOB_SECONDS {
+                return Err(fail(format!(
+                    "job `{}` runs {seconds:e} s even on all its {} GPUs, more than the \
+                     simulator's limit of {MAX_JOB_SECONDS:e} s (116 days); split it or \
+                     scale the trace down",
+                    job.id, job.max_gpus
+                )));
+            }
+        }
         for job in entry.app.jobs() {
             if !job_ids.insert(job.id.clone()) {
                 return Err(WorkloadProblem::DuplicateJob {
@@ -269,7 +297,12 @@ pub fn parse_tiresias_csv(text: &str, path: &Path) -> Result<Workload, TraceErro
         apps.push(app);
     }
     apps.sort_by(|a, b| a.arrival_seconds.total_cmp(&b.arrival_seconds));
-    Ok(Workload { apps })
+    let workload = Workload { apps };
+    check_workload(&workload).map_err(|problem| TraceError::Invalid {
+        path: path.to_owned(),
+        problem,
+    })?;
+    Ok(workload)
 }
 
 /// For each of TIRESIAS_COLUMNS, its position in the header.
@@ -373,9 +406,14 @@ impl Row<'_> {
     }
 }
 
+/// Reads a text file; a UTF-8 byte order mark (as some spreadsheet programs write) is dropped.
 fn read(path: &Path) -> Result<String, TraceError> {
-    std::fs::read_to_string(path).map_err(|source| TraceError::Io {
+    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
         path: path.to_owned(),
         source,
+    })?;
+    Ok(match text.strip_prefix('\u{feff}') {
+        Some(rest) => rest.to_owned(),
+        None => text,
     })
 }

@@ -54,7 +54,7 @@ fn rho_cdf() {
             ("rho-cdf.csv", "workload,policy,rank,cdf,rho"),
             (
                 "summary.csv",
-                "workload,policy,apps,unfinished_apps,max_rho,median_rho,jains_index,fraction_rho_above_one",
+                "workload,policy,apps,unfinished_apps,max_rho,p95_rho,median_rho,jains_index,apps_rho_above_one,apps_rho_above_two",
             ),
         ],
         &[

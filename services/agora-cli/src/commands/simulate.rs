@@ -154,7 +154,10 @@ impl SimulateError {
             | Self::Flag { .. } => EXIT_INVALID_INPUT,
             // The workload's own faults; the engine's are failures.
             Self::Simulation {
-                cause: SimulationError::DuplicateApp(_) | SimulationError::InvalidArrival(_),
+                cause:
+                    SimulationError::DuplicateApp(_)
+                    | SimulationError::InvalidArrival(_)
+                    | SimulationError::JobLargerThanCluster { .. },
                 ..
             } => EXIT_INVALID_INPUT,
             Self::Simulation { .. } | Self::Output { .. } | Self::Stdout(_) => EXIT_FAILURE,
@@ -248,9 +251,9 @@ impl SimulateArgs {
             market: MarketConfig {
                 fairness_knob: f,
                 lease_length,
+                restart_pause,
                 ..MarketConfig::default()
             },
-            restart_pause,
             seed: self.seed,
             estimation_error: error,
             misreport: None,
@@ -311,14 +314,15 @@ fn load_workload(source: &str, seed: u64) -> Result<Workload, SimulateError> {
         _ => Err(SimulateError::WorkloadSpec {
             spec: source.to_owned(),
             reason: "expected a .json workload, a .csv Tiresias trace, or a generator \
-                     (workload1 or workload2, optionally with :apps=N,seed=S,scale=X,network=F)"
+                     (workload1 or workload2, optionally with :apps=N,seed=S,scale=X,network=F,load=L)"
                 .to_owned(),
         }),
     }
 }
 
-/// `apps=N,seed=S,scale=X,network=F` (any subset, any order) onto
-/// [`GeneratorConfig::philly_like`], then `network_intensive_fraction`.
+/// `apps=N,seed=S,scale=X,network=F,load=L` (any subset, any order) onto
+/// [`GeneratorConfig::philly_like`], then `network_intensive_fraction`, and arrivals `L` times
+/// as frequent (L x the offered load).
 fn generator_config(spec: &str, params: &str, seed: u64) -> Result<GeneratorConfig, SimulateError> {
     let bad = |reason: String| SimulateError::WorkloadSpec {
         spec: spec.to_owned(),
@@ -328,6 +332,7 @@ fn generator_config(spec: &str, params: &str, seed: u64) -> Result<GeneratorConf
     let mut seed = seed;
     let mut scale = DEFAULT_DURATION_SCALE;
     let mut network = None;
+    let mut load: f64 = 1.0;
     let mut seen: Vec<&str> = Vec::new();
     for param in params.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (key, value) = param
@@ -350,15 +355,22 @@ fn generator_config(spec: &str, params: &str, seed: u64) -> Result<GeneratorConf
             "network" => {
                 network = Some(value.parse().map_err(|_| number_error("a number"))?);
             }
+            "load" => {
+                load = value.parse().map_err(|_| number_error("a number"))?;
+                if !(load.is_finite() && load > 0.0) {
+                    return Err(bad(format!("load={value:?} must be a number > 0")));
+                }
+            }
             _ => {
                 return Err(bad(format!(
-                    "unknown parameter {key:?}; expected apps, seed, scale or network"
+                    "unknown parameter {key:?}; expected apps, seed, scale, network or load"
                 )))
             }
         }
     }
     let mut config = GeneratorConfig::philly_like(apps, seed, scale);
     config.network_intensive_fraction = network;
+    config.mean_interarrival_seconds /= load;
     config
         .validate()
         .map_err(|cause| SimulateError::Generator {
@@ -393,84 +405,137 @@ fn write_report(
 
 const HOUR: f64 = 3600.0;
 
-/// The columns of `summary.csv`, one row per policy.
-pub const SUMMARY_COLUMNS: [&str; 13] = [
-    "policy",
-    "apps",
-    "max_rho",
-    "jains_index",
-    "fraction_rho_above_one",
-    "mean_completion_hours",
-    "p99_completion_hours",
-    "gpu_hours",
-    "makespan_hours",
-    "reallocations",
-    "mean_placement_score",
-    "rounds",
-    "unfinished_apps",
+/// One cell of the summary.
+enum Cell {
+    Text(String),
+    Count(u64),
+    /// A number, and the decimals it is shown with in the terminal table (`summary.csv` has
+    /// full precision).
+    Number(f64, usize),
+}
+
+/// A column of the summary: its name in `summary.csv`, its header in the terminal table (the
+/// table leaves out columns without one) and its value.
+struct Column {
+    csv: &'static str,
+    table: Option<&'static str>,
+    value: fn(&RunSummary) -> Cell,
+}
+
+const fn column(
+    csv: &'static str,
+    table: Option<&'static str>,
+    value: fn(&RunSummary) -> Cell,
+) -> Column {
+    Column { csv, table, value }
+}
+
+/// The summary's columns, one row per policy.
+const COLUMNS: [Column; 26] = [
+    column("policy", Some("policy"), |s| {
+        Cell::Text(s.policy.to_string())
+    }),
+    column("apps", None, |s| Cell::Count(s.apps as u64)),
+    column("max_rho", Some("max_rho"), |s| Cell::Number(s.max_rho, 3)),
+    column("p99_rho", Some("p99"), |s| Cell::Number(s.p99_rho, 3)),
+    column("p95_rho", Some("p95"), |s| Cell::Number(s.p95_rho, 3)),
+    column("median_rho", Some("median"), |s| {
+        Cell::Number(s.median_rho, 3)
+    }),
+    column("mean_rho", None, |s| Cell::Number(s.mean_rho, 3)),
+    column("jains_index", Some("jain"), |s| {
+        Cell::Number(s.jains_index, 3)
+    }),
+    column("apps_rho_above_one", Some("rho>1"), |s| {
+        Cell::Count(s.apps_rho_above_one as u64)
+    }),
+    column("apps_rho_above_two", Some("rho>2"), |s| {
+        Cell::Count(s.apps_rho_above_two as u64)
+    }),
+    column("mean_completion_hours", Some("mean_jct_h"), |s| {
+        Cell::Number(s.mean_completion_seconds / HOUR, 2)
+    }),
+    column("p99_completion_hours", None, |s| {
+        Cell::Number(s.p99_completion_seconds / HOUR, 2)
+    }),
+    column("gpu_hours", Some("gpu_h"), |s| {
+        Cell::Number(s.total_gpu_seconds / HOUR, 1)
+    }),
+    column("restart_gpu_hours", Some("restart_h"), |s| {
+        Cell::Number(s.restart_gpu_seconds / HOUR, 1)
+    }),
+    column("makespan_hours", Some("makespan_h"), |s| {
+        Cell::Number(s.makespan_seconds / HOUR, 2)
+    }),
+    column("reallocations", Some("realloc"), |s| {
+        Cell::Count(s.reallocations)
+    }),
+    column("restarts", Some("restarts"), |s| {
+        Cell::Count(s.mechanism.restarts)
+    }),
+    column("leases", None, |s| Cell::Count(s.mechanism.leases_granted)),
+    column("lease_renewals", Some("renewals"), |s| {
+        Cell::Count(s.mechanism.lease_renewals)
+    }),
+    column("mean_offer_gpus", Some("offer"), |s| {
+        Cell::Number(s.mechanism.mean_offer_gpus(), 1)
+    }),
+    column("single_gpu_offers", Some("1gpu_offers"), |s| {
+        Cell::Count(s.mechanism.single_gpu_offers)
+    }),
+    column("bids", None, |s| Cell::Count(s.mechanism.bids)),
+    column("empty_bids", Some("empty_bids"), |s| {
+        Cell::Count(s.mechanism.empty_bids)
+    }),
+    column("mean_placement_score", Some("placement"), |s| {
+        Cell::Number(s.mean_placement_score, 3)
+    }),
+    column("rounds", Some("rounds"), |s| Cell::Count(s.rounds)),
+    column("unfinished_apps", Some("unfinished"), |s| {
+        Cell::Count(s.unfinished_apps as u64)
+    }),
 ];
 
 fn summary_csv(summaries: &[RunSummary]) -> String {
-    let mut csv = SUMMARY_COLUMNS.join(",");
+    let header: Vec<&str> = COLUMNS.iter().map(|column| column.csv).collect();
+    let mut csv = header.join(",");
     csv.push('\n');
-    for s in summaries {
-        let _ = writeln!(
-            csv,
-            "{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6},{},{}",
-            s.policy,
-            s.apps,
-            s.max_rho,
-            s.jains_index,
-            s.fraction_rho_above_one,
-            s.mean_completion_seconds / HOUR,
-            s.p99_completion_seconds / HOUR,
-            s.total_gpu_seconds / HOUR,
-            s.makespan_seconds / HOUR,
-            s.reallocations,
-            s.mean_placement_score,
-            s.rounds,
-            s.unfinished_apps,
-        );
+    for summary in summaries {
+        let cells: Vec<String> = COLUMNS
+            .iter()
+            .map(|column| match (column.value)(summary) {
+                Cell::Text(text) => text,
+                Cell::Count(count) => count.to_string(),
+                Cell::Number(value, _) => value.to_string(),
+            })
+            .collect();
+        csv.push_str(&cells.join(","));
+        csv.push('\n');
     }
     csv
 }
 
 /// The table on standard output: a header, then one right-aligned row per policy.
 fn summary_table(summaries: &[RunSummary]) -> String {
-    const HEADER: [&str; 12] = [
-        "policy",
-        "max_rho",
-        "jain",
-        "rho>1",
-        "mean_jct_h",
-        "p99_jct_h",
-        "gpu_h",
-        "makespan_h",
-        "realloc",
-        "placement",
-        "rounds",
-        "unfinished",
-    ];
-    let rows: Vec<[String; 12]> = summaries
+    let shown: Vec<&Column> = COLUMNS
         .iter()
-        .map(|s| {
-            [
-                s.policy.to_string(),
-                format!("{:.3}", s.max_rho),
-                format!("{:.3}", s.jains_index),
-                format!("{:.3}", s.fraction_rho_above_one),
-                format!("{:.2}", s.mean_completion_seconds / HOUR),
-                format!("{:.2}", s.p99_completion_seconds / HOUR),
-                format!("{:.1}", s.total_gpu_seconds / HOUR),
-                format!("{:.2}", s.makespan_seconds / HOUR),
-                s.reallocations.to_string(),
-                format!("{:.3}", s.mean_placement_score),
-                s.rounds.to_string(),
-                s.unfinished_apps.to_string(),
-            ]
+        .filter(|column| column.table.is_some())
+        .collect();
+    let header: Vec<&str> = shown.iter().filter_map(|column| column.table).collect();
+    let rows: Vec<Vec<String>> = summaries
+        .iter()
+        .map(|summary| {
+            shown
+                .iter()
+                .map(|column| match (column.value)(summary) {
+                    Cell::Text(text) => text,
+                    Cell::Count(count) => count.to_string(),
+                    Cell::Number(value, decimals) => format!("{value:.decimals$}"),
+                })
+                .collect()
         })
         .collect();
-    let mut widths = HEADER.map(str::len);
+    let mut widths: Vec<usize> = header.iter().map(|cell| cell.len()).collect();
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.len());
@@ -478,8 +543,8 @@ fn summary_table(summaries: &[RunSummary]) -> String {
     }
     let mut table = String::new();
     let mut line = |cells: &[&str]| {
-        for (column, (cell, width)) in cells.iter().zip(widths).enumerate() {
-            if column == 0 {
+        for (position, (cell, width)) in cells.iter().zip(&widths).enumerate() {
+            if position == 0 {
                 let _ = write!(table, "{cell:<width$}");
             } else {
                 let _ = write!(table, "  {cell:>width$}");
@@ -487,9 +552,10 @@ fn summary_table(summaries: &[RunSummary]) -> String {
         }
         table.push('\n');
     };
-    line(&HEADER);
+    line(&header);
     for row in &rows {
-        line(&row.each_ref().map(String::as_str));
+        let cells: Vec<&str> = row.iter().map(String::as_str).collect();
+        line(&cells);
     }
     table
 }

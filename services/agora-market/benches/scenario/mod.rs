@@ -323,6 +323,7 @@ pub fn random_app(rng: &mut ChaCha8Rng, id: String) -> App {
             budget_gpu_seconds,
             phase_iterations,
             jobs_per_phase,
+            max_gpus_per_phase: Vec::new(),
             current_phase: 0,
             jobs,
         })

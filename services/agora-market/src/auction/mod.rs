@@ -169,7 +169,7 @@ struct Instance<'a> {
     offer: &'a Offer,
     /// Number of offered GPUs per class.
     capacity: Vec<u32>,
-    /// Bidders sorted by app id.
+    /// Bidders in the order of [`by_content`].
     bidders: Vec<Bidder<'a>>,
 }
 
@@ -216,11 +216,12 @@ impl<'a> Instance<'a> {
         for &class in &class_of_gpu {
             capacity[class] += 1;
         }
-        let mut sorted: Vec<&AppBid> = bids.iter().collect();
-        sorted.sort_by(|a, b| a.app.cmp(&b.app));
-        if let Some(pair) = sorted.windows(2).find(|pair| pair[0].app == pair[1].app) {
-            return Err(AuctionError::DuplicateApp(pair[0].app.clone()));
+        let mut seen = HashSet::with_capacity(bids.len());
+        if let Some(twice) = bids.iter().find(|bid| !seen.insert(&bid.app)) {
+            return Err(AuctionError::DuplicateApp(twice.app.clone()));
         }
+        let mut sorted: Vec<&AppBid> = bids.iter().collect();
+        sorted.sort_by(|a, b| by_content(a, b).then(a.app.cmp(&b.app)));
         let bidders = sorted
             .into_iter()
             .map(|bid| {
@@ -410,6 +411,29 @@ fn best_placed(
         .into_iter()
         .map(|item| bundle[item].clone())
         .collect()
+}
+
+/// Orders bids by what they say, not by who says it: rho_old (starving first), then the table
+/// entry by entry. Bidders are solved and their rounding drawn in this order, so renaming an
+/// app changes nothing unless two bids are identical (then the app id decides).
+fn by_content(a: &AppBid, b: &AppBid) -> std::cmp::Ordering {
+    let rho_old = |bid: &AppBid| bid.rho_old.map_or(f64::INFINITY, |rho| rho.get());
+    rho_old(b)
+        .total_cmp(&rho_old(a))
+        .then(a.bids.len().cmp(&b.bids.len()))
+        .then_with(|| {
+            a.bids
+                .iter()
+                .zip(&b.bids)
+                .map(|(x, y)| {
+                    x.rho
+                        .get()
+                        .total_cmp(&y.rho.get())
+                        .then(x.gpus.cmp(&y.gpus))
+                })
+                .find(|order| order.is_ne())
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
 }
 
 /// How many of a PF bundle's `size` GPUs a bidder keeps with share `share`: c*k rounded up with

@@ -118,12 +118,16 @@ impl FtfApp {
         gpus.resize(demand.max(gpus.len()), anchor);
         Self {
             demand: demand as f64,
-            remaining: remaining_time(contender.app, &gpus),
+            remaining: remaining_time(
+                contender.app,
+                &gpus,
+                contender.fairness.restart_pause_seconds,
+            ),
             elapsed: view
                 .now
                 .saturating_since(contender.fairness.arrival)
                 .as_secs_f64(),
-            independent: independent_finish_time(contender.app, &contender.fairness),
+            independent: independent_finish_time(&contender.fairness),
         }
     }
 
@@ -262,7 +266,7 @@ impl<'a> FeasibilityProgram<'a> {
         let n = apps.len() as f64;
         let mut by_full_demand_rho: Vec<usize> = (0..apps.len()).collect();
         // Best first, so the app furthest behind gets the highest rank (ties: lower index,
-        // i.e. lower app id, ranks higher).
+        // i.e. earlier in the round's standings, ranks higher).
         by_full_demand_rho.sort_by(|&a, &b| {
             apps[a]
                 .rho(1.0)
@@ -358,9 +362,7 @@ fn round(view: &RoundView, apps: &[FtfApp], fractions: &[f64]) -> BTreeMap<AppId
     let mut order: Vec<usize> = (0..contenders.len()).collect();
     order.sort_by(|&a, &b| {
         let below = |index: usize| share(index) - contenders[index].holds.len() as f64;
-        below(b)
-            .total_cmp(&below(a))
-            .then_with(|| contenders[a].app.id.cmp(&contenders[b].app.id))
+        below(b).total_cmp(&below(a)).then_with(|| a.cmp(&b))
     });
     let mut pool: Vec<OfferedGpu> = view.free.to_vec();
     let first: Vec<Recipient> = order
@@ -374,6 +376,7 @@ fn round(view: &RoundView, apps: &[FtfApp], fractions: &[f64]) -> BTreeMap<AppId
                     .unmet_demand
                     .min(fair.saturating_sub(contender.holds.len())),
                 holds: contender.holds.clone(),
+                claimed: Vec::new(),
             }
         })
         .collect();
@@ -400,6 +403,7 @@ fn round(view: &RoundView, apps: &[FtfApp], fractions: &[f64]) -> BTreeMap<AppId
                 app: contender.app.id.clone(),
                 unmet_demand: contender.unmet_demand.saturating_sub(got.len()),
                 holds,
+                claimed: Vec::new(),
             }
         })
         .collect();

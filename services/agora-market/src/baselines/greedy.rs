@@ -10,24 +10,23 @@ use crate::fairness::remaining_time;
 use crate::leftover::{hand_out_in_order, Recipient};
 use crate::topology::{GpuId, GpuLocation, Locality};
 
-/// Apps by decreasing `priority` (ties by app id), each taking up to its unmet demand of the
-/// best-placed free GPUs near what it holds.
+/// Apps by decreasing `priority` (ties in the round's standings order: worst off first, never
+/// by name), each taking up to its unmet demand of the best-placed free GPUs near what it
+/// holds.
 pub(super) fn by_bundle(
     view: &RoundView,
     priority: impl Fn(&Contender) -> f64,
 ) -> BTreeMap<AppId, Vec<GpuId>> {
     let mut ranked: Vec<(f64, &Contender)> =
         view.contenders.iter().map(|c| (priority(c), c)).collect();
-    ranked.sort_by(|a, b| {
-        b.0.total_cmp(&a.0)
-            .then_with(|| a.1.app.id.cmp(&b.1.app.id))
-    });
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
     let recipients: Vec<Recipient> = ranked
         .into_iter()
         .map(|(_, contender)| Recipient {
             app: contender.app.id.clone(),
             unmet_demand: contender.unmet_demand,
             holds: contender.holds.clone(),
+            claimed: Vec::new(),
         })
         .collect();
     let mut pool = view.free.to_vec();
@@ -107,7 +106,7 @@ struct Candidate {
 impl Eq for Candidate {}
 
 impl Ord for Candidate {
-    /// Highest value first; among equal values the lowest index (app id order).
+    /// Highest value first; among equal values the lowest index (the standings order).
     fn cmp(&self, other: &Self) -> Ordering {
         self.value
             .total_cmp(&other.value)
@@ -141,7 +140,11 @@ pub(super) fn negative_remaining_time_with_demand(contender: &Contender) -> f64 
         machine: 0,
         slot: 0,
     });
-    -remaining_time(contender.app, &vec![anchor; gpus])
+    -remaining_time(
+        contender.app,
+        &vec![anchor; gpus],
+        contender.fairness.restart_pause_seconds,
+    )
 }
 
 /// SRSF: minus the remaining GPU-time (service) of the app.
@@ -159,8 +162,9 @@ pub(super) fn throughput_scaling(
 ) -> f64 {
     let mut with_next = placed.to_vec();
     with_next.push(next);
-    let after = remaining_time(contender.app, &with_next);
-    let before = remaining_time(contender.app, placed);
+    let pause = contender.fairness.restart_pause_seconds;
+    let after = remaining_time(contender.app, &with_next, pause);
+    let before = remaining_time(contender.app, placed, pause);
     if before.is_infinite() {
         f64::MAX
     } else {
@@ -183,7 +187,8 @@ pub(super) fn loss_reduction(
     let done = (1.0 - app.remaining_work_gpu_seconds() / total).clamp(0.0, 1.0);
     let lease = contender.lease_seconds;
     let loss_after = |gpus: &[GpuLocation]| {
-        let fraction_of_rest = (lease / remaining_time(app, gpus)).min(1.0);
+        let remaining = remaining_time(app, gpus, contender.fairness.restart_pause_seconds);
+        let fraction_of_rest = (lease / remaining).min(1.0);
         let progress = done + (1.0 - done) * fraction_of_rest;
         1.0 / (1.0 + 10.0 * progress)
     };

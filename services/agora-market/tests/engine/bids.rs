@@ -24,12 +24,13 @@ fn cluster_strategy() -> impl Strategy<Value = Cluster> {
         .prop_filter("small enough to enumerate", |cluster| cluster.len() <= 10)
 }
 
-fn context(cluster: &Cluster) -> FairnessContext {
+fn context() -> FairnessContext {
     FairnessContext {
         now: Timestamp::from_secs_f64(100.0),
         arrival: Timestamp(0),
-        cluster_gpus: cluster.len() as u32,
+        cluster_seconds: 400.0,
         average_contention: 3.0,
+        restart_pause_seconds: 35.0,
     }
 }
 
@@ -56,7 +57,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
     /// For a single-job app, the best bundle of each size that the placement-driven generator
-    /// finds is as good as the best of all subsets of that size.
+    /// finds is as good as the best of all subsets of that size, and sizes no better than a
+    /// smaller one are left out.
     #[test]
     fn generator_finds_the_best_bundle_of_every_size(
         cluster in cluster_strategy(),
@@ -78,12 +80,13 @@ proptest! {
             all.iter().partition(|gpu| held_mask & (1 << gpu.0) != 0 && gpu.0 < demand);
         let held_locations: Vec<GpuLocation> = held.iter().map(|&gpu| cluster.location(gpu)).collect();
         let offer = PreparedOffer::new(Offer::from_cluster(&cluster, &free));
-        let context = context(&cluster);
-        let bid = generate_bid(&app, &held_locations, &offer, &context, &BidConfig::default());
+        let context = context();
+        let bid = generate_bid(&app, &held_locations, &[], &offer, &context, &BidConfig::default());
 
         prop_assert_eq!(bid.rho_old, rho(&app, &held_locations, &context));
         let unmet = (demand as usize).saturating_sub(held.len()).min(free.len());
         let positions: Vec<usize> = (0..free.len()).collect();
+        let mut best_smaller = f64::INFINITY;
         for size in 1..=unmet {
             let best_possible = subsets(&positions, size)
                 .into_iter()
@@ -95,12 +98,15 @@ proptest! {
                 .fold(f64::INFINITY, f64::min);
             let best_generated = bid.bids.iter().filter(|entry| entry.gpus.len() == size)
                 .map(|entry| entry.rho.get()).fold(f64::INFINITY, f64::min);
-            let improves = bid.rho_old.is_none_or(|old| best_possible < old.get());
+            // A size is worth bidding for only if it beats rho_old and every smaller size.
+            let improves = bid.rho_old.is_none_or(|old| best_possible < old.get())
+                && best_possible < best_smaller;
+            best_smaller = best_smaller.min(best_possible);
             if improves {
                 prop_assert!((best_generated - best_possible).abs() < 1e-12,
                     "size {}: generated {} but {} is possible", size, best_generated, best_possible);
             } else {
-                prop_assert!(best_generated.is_infinite(), "entries must improve on rho_old");
+                prop_assert!(best_generated.is_infinite(), "entries must improve on rho_old and on smaller bundles");
             }
         }
         for entry in &bid.bids {
@@ -129,7 +135,7 @@ fn table_respects_the_cap_for_large_demands() {
         max_entries: 16,
         alternatives_per_level: 2,
     };
-    let bid = generate_bid(&app, &[], &offer, &context(&cluster), &config);
+    let bid = generate_bid(&app, &[], &[], &offer, &context(), &config);
     assert!(bid.bids.len() <= 16 && !bid.bids.is_empty());
     assert_eq!(bid.rho_old, None, "an app holding nothing is starving");
     assert!(

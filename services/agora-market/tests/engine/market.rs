@@ -1,9 +1,12 @@
 //! Rounds and leases (Pseudocode 1) on tiny hand-checkable clusters, and the round's
 //! invariants on random ones.
 
-use agora_market::app::AppId;
+use std::collections::{BTreeMap, BTreeSet};
+
+use agora_market::app::{App, AppId};
 use agora_market::auction::AppBid;
 use agora_market::lease::LeaseState;
+use agora_market::leftover::LeftoverPolicy;
 use agora_market::market::{
     AuctionRecord, Market, MarketConfig, MarketError, RoundOffer, RoundOutcome,
 };
@@ -139,14 +142,17 @@ fn expiry_frees_gpus_for_the_next_round() {
         .run_round(Timestamp(600_000), 3)
         .expect("offer")
         .expect("round");
-    assert!(
-        outcome
-            .standings
-            .iter()
-            .all(|standing| standing.rho.is_none()),
-        "neither holds a GPU now"
-    );
-    // Serving as many starving apps as possible comes first: one GPU each beats two for one.
+    // b is starving; a stands with the GPUs its lease just ended on, at the rho it had: it is
+    // not ranked as starving, and b, worse off, comes first.
+    let ranked: Vec<(&str, bool)> = outcome
+        .standings
+        .iter()
+        .map(|standing| (standing.app.0.as_str(), standing.rho.is_none()))
+        .collect();
+    assert_eq!(ranked, vec![("b", true), ("a", false)]);
+    assert_eq!(outcome.claims[&AppId::from("a")].len(), 2);
+    // Both hold nothing now, so serving as many of them as possible comes first: one GPU each
+    // beats two for one.
     assert_eq!((held(&market, "a").len(), held(&market, "b").len()), (1, 1));
 }
 
@@ -340,7 +346,7 @@ proptest! {
     /// the same outcome.
     #[test]
     fn rounds_are_work_conserving_exclusive_and_deterministic(scenario in scenario()) {
-        play(&scenario, |market, now, seed| {
+        play(&scenario, |market, _departed, now, seed| {
             let mut twin = market.clone();
             let outcome = market.run_round(now, seed).map(|result| result.expect("valid round"));
             let twin_outcome = twin.run_round(now, seed).map(|result| result.expect("valid round"));
@@ -360,6 +366,129 @@ proptest! {
             for lease in market.leases().active() {
                 for gpu in &lease.gpus {
                     prop_assert!(seen.insert(*gpu), "GPU {:?} leased twice", gpu);
+                }
+            }
+            Ok(())
+        })?;
+    }
+}
+
+/// What a round decided, with app ids mapped through a renaming and lease ids left out (they
+/// number the grants), so rounds of renamed markets compare.
+#[derive(Debug, PartialEq)]
+struct RenamedRound {
+    standings: Vec<(AppId, Option<f64>, usize)>,
+    bidders: Vec<AppId>,
+    leases: BTreeMap<AppId, Vec<GpuIndex>>,
+}
+
+fn renamed_outcome(outcome: &RoundOutcome, name: impl Fn(&AppId) -> AppId) -> RenamedRound {
+    RenamedRound {
+        standings: outcome
+            .standings
+            .iter()
+            .map(|standing| {
+                let rho = standing.rho.map(|rho| rho.get());
+                (name(&standing.app), rho, standing.unmet_demand)
+            })
+            .collect(),
+        bidders: outcome.bidders.iter().map(&name).collect(),
+        leases: outcome
+            .leases
+            .iter()
+            .map(|lease| (name(&lease.app), lease.gpus.clone()))
+            .collect(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Nothing in a round depends on what apps are called or the order they joined in:
+    /// renaming every app (so that names sort the other way round) and adding them in the
+    /// reverse order gives the same round, renamed. Apps differ in demand or length, so no two
+    /// are identical cases.
+    #[test]
+    fn renaming_apps_renames_the_round(
+        scenario in scenario().prop_filter("distinct apps", |scenario| {
+            let distinct: BTreeSet<_> = scenario.apps.iter().collect();
+            distinct.len() == scenario.apps.len()
+        })
+    ) {
+        let renamed = |id: &AppId| AppId(format!("z{:02}", 99 - id.0[3..].parse::<u32>().expect("app<n>")));
+        let config = MarketConfig {
+            fairness_knob: scenario.fairness_knob,
+            lease_length: LEASE,
+            leftover_policy: LeftoverPolicy::WorstFirst,
+            policy: scenario.policy,
+            ..MarketConfig::default()
+        };
+        let cluster = uniform_cluster(scenario.racks, scenario.machines, 1, scenario.gpus_per_machine);
+        let mut original = Market::new(cluster.clone(), config, Timestamp(0)).expect("valid config");
+        let mut twin = Market::new(cluster, config, Timestamp(0)).expect("valid config");
+        let apps: Vec<App> = scenario
+            .apps
+            .iter()
+            .enumerate()
+            .map(|(n, &(demand, iterations))| single_job_app(&format!("app{n}"), demand, iterations, 3.0))
+            .collect();
+        let add = |market: &mut Market, twin: &mut Market, batch: &[App], now: Timestamp| {
+            for app in batch {
+                market.add_app(app.clone(), now).expect("new app");
+            }
+            for app in batch.iter().rev() {
+                twin.add_app(App { id: renamed(&app.id), ..app.clone() }, now).expect("new app");
+            }
+        };
+        let first = scenario.apps.len().div_ceil(2);
+        add(&mut original, &mut twin, &apps[..first], Timestamp(0));
+        let mut next = first;
+        let mut now = Timestamp(0);
+        for (step, &(advance_seconds, arrive)) in scenario.steps.iter().enumerate() {
+            now = now.saturating_add(std::time::Duration::from_secs(advance_seconds));
+            original.expire_leases(now);
+            twin.expire_leases(now);
+            if arrive && next < apps.len() {
+                add(&mut original, &mut twin, &apps[next..=next], now);
+                next += 1;
+            }
+            let seed = scenario.seed.wrapping_add(step as u64);
+            let outcome = original.run_round(now, seed).map(|result| result.expect("valid round"));
+            let twin_outcome = twin.run_round(now, seed).map(|result| result.expect("valid round"));
+            prop_assert_eq!(
+                outcome.as_ref().map(|outcome| renamed_outcome(outcome, renamed)),
+                twin_outcome.as_ref().map(|outcome| renamed_outcome(outcome, |id: &AppId| id.clone()))
+            );
+        }
+    }
+
+    /// An app whose lease just expired stands at the rho it had holding those GPUs, so it is
+    /// never ranked ahead of an app that is worse off.
+    #[test]
+    fn an_expired_incumbent_is_ranked_by_the_rho_it_had(scenario in scenario()) {
+        play(&scenario, |market, _departed, now, seed| {
+            if let Some(outcome) = market.run_round(now, seed) {
+                outcome.expect("valid round");
+            }
+            let mut later = market.clone();
+            let expired: BTreeSet<AppId> = later
+                .expire_leases(now.saturating_add(LEASE))
+                .into_iter()
+                .map(|lease| lease.app)
+                .collect();
+            let worst_first = |rho: Option<f64>| rho.unwrap_or(f64::INFINITY);
+            let standings = later.standings(now.saturating_add(LEASE));
+            for (position, standing) in standings.iter().enumerate() {
+                if !expired.contains(&standing.app) || later.leases().leases_of(&standing.app).next().is_some() {
+                    continue;
+                }
+                prop_assert!(standing.rho.is_some(), "{} is ranked as starving", standing.app);
+                for after in &standings[position + 1..] {
+                    prop_assert!(
+                        worst_first(after.rho.map(|rho| rho.get())) <= worst_first(standing.rho.map(|rho| rho.get())),
+                        "{} (rho {:?}) is ranked ahead of {} (rho {:?})",
+                        standing.app, standing.rho, after.app, after.rho
+                    );
                 }
             }
             Ok(())

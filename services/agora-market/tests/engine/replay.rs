@@ -40,7 +40,7 @@ proptest! {
     /// Random leftovers replay exactly; re-auctioned ones are refused, not replayed wrongly.
     #[test]
     fn stored_inputs_replay_the_round(scenario in scenario()) {
-        play(&scenario, |market, now, seed| {
+        play(&scenario, |market, _departed, now, seed| {
             let Some(outcome) = market.run_round(now, seed) else { return Ok(()) };
             let outcome = outcome.expect("valid round");
             let recorded = outcome.inputs().expect("a Themis round records its inputs");
@@ -63,7 +63,7 @@ proptest! {
     /// Emptying the bid table of a bidder that kept GPUs changes the replayed decision.
     #[test]
     fn a_tampered_bid_changes_the_replay(scenario in random_leftovers()) {
-        play(&scenario, |market, now, seed| {
+        play(&scenario, |market, _departed, now, seed| {
             let Some(outcome) = market.run_round(now, seed) else { return Ok(()) };
             let inputs = outcome.expect("valid round").inputs().expect("a Themis round");
             let decision = decide_round(&inputs).expect("recorded inputs are valid");

@@ -2,7 +2,7 @@
 //! arrival and ended GPU time, and the active leases.
 
 use agora_market::lease::{Lease, LeaseId, LeaseState};
-use agora_market::market::{Market, MarketConfig, MarketError};
+use agora_market::market::{Market, MarketConfig, MarketError, RecordedApp};
 use agora_market::policy::Policy;
 use agora_market::time::Timestamp;
 use agora_market::topology::GpuIndex;
@@ -10,21 +10,38 @@ use proptest::prelude::*;
 
 use crate::support::{play, scenario, single_job_app, uniform_cluster, Scenario};
 
-/// A market rebuilt at `now` from `market`'s records.
-fn restored(market: &Market, now: Timestamp, next_lease: LeaseId) -> Market {
+/// A market rebuilt at `now` from `market`'s records and the lifetimes of the apps that left.
+fn restored(
+    market: &Market,
+    departed: &[(Timestamp, Timestamp)],
+    now: Timestamp,
+    next_lease: LeaseId,
+) -> Market {
     let mut restored =
         Market::new(market.cluster().clone(), *market.config(), now).expect("valid config");
-    for app in market.apps() {
-        let arrival = market.arrival(&app.id).expect("an active app");
-        let ended = market.ended_gpu_seconds(&app.id).expect("an active app");
-        restored
-            .restore_app(app.clone(), arrival, ended, now)
-            .expect("apps are unique");
-    }
+    let apps = market
+        .apps()
+        .map(|app| {
+            let recorded = RecordedApp {
+                arrival: market.arrival(&app.id).expect("an active app"),
+                cluster_seconds: market.cluster_seconds(&app.id).expect("an active app"),
+                ended_gpu_seconds: market.ended_gpu_seconds(&app.id).expect("an active app"),
+            };
+            (app.clone(), recorded)
+        })
+        .collect();
+    restored
+        .restore_apps(apps, departed, now)
+        .expect("apps are unique");
     for lease in market.leases().active() {
         restored
             .restore_lease(lease.clone())
             .expect("active leases are disjoint");
+    }
+    for (app, gpus) in market.claims() {
+        restored
+            .restore_claim(app.clone(), gpus.clone())
+            .expect("claims of active apps");
     }
     restored.issue_lease_ids_from(next_lease);
     restored
@@ -46,15 +63,19 @@ fn any_policy() -> impl Strategy<Value = Scenario> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
-    /// No app leaves in these scenarios, so the rebuilt contention history is exact and the
-    /// restored market decides the next round exactly as the original.
+    /// The contention history is rebuilt from every app's arrival and departure, so every
+    /// app's rho is the same, bit for bit, before and after a restart, and the restored market
+    /// decides the next round exactly as the original.
     #[test]
     fn a_restored_market_runs_the_same_next_round(scenario in any_policy()) {
         let mut next_lease = LeaseId(0);
-        play(&scenario, |market, now, seed| {
-            let mut restored = restored(market, now, next_lease);
+        play(&scenario, |market, departed, now, seed| {
+            let mut restored = restored(market, departed, now, next_lease);
             prop_assert_eq!(restored.free_gpus(), market.free_gpus());
             prop_assert_eq!(active_leases(&restored), active_leases(market));
+            for app in market.apps() {
+                prop_assert_eq!(restored.current_rho(&app.id, now), market.current_rho(&app.id, now));
+            }
             let outcome = market.run_round(now, seed);
             prop_assert_eq!(&restored.run_round(now, seed), &outcome);
             let granted = outcome.iter().flatten().flat_map(|outcome| &outcome.leases);
@@ -75,13 +96,22 @@ fn restoring_rejects_what_the_market_cannot_hold() {
     )
     .expect("valid config");
     let app = single_job_app("a", 2, 100, 1.0);
-    market
-        .restore_app(app.clone(), Timestamp(0), 0.0, Timestamp(5))
-        .expect("a new app");
+    let recorded = RecordedApp {
+        arrival: Timestamp(0),
+        cluster_seconds: 50.0,
+        ended_gpu_seconds: 0.0,
+    };
     assert_eq!(
-        market.restore_app(app.clone(), Timestamp(0), 0.0, Timestamp(5)),
+        market.restore_apps(
+            vec![(app.clone(), recorded), (app.clone(), recorded)],
+            &[],
+            Timestamp(5)
+        ),
         Err(MarketError::DuplicateApp(app.id.clone()))
     );
+    market
+        .restore_apps(vec![(app.clone(), recorded)], &[], Timestamp(5))
+        .expect("a new app");
     let lease = |app: &str, gpus: Vec<u32>| Lease {
         id: LeaseId(7),
         app: app.into(),

@@ -102,11 +102,18 @@ pub fn scenario() -> impl Strategy<Value = Scenario> {
 }
 
 /// Plays `scenario`: half its apps arrive at the start, then every step advances time, expires
-/// the leases due, may bring the next app, and hands the market to `round` with the time and
-/// the seed of the round it should run.
+/// the leases due, brings the next app or (every other step without an arrival, while two or
+/// more apps are active) lets the app of the lowest id leave, and hands `round` the market,
+/// the lifetimes (arrival, departure) of the apps that have left, the time and the seed of the
+/// round it should run.
 pub fn play(
     scenario: &Scenario,
-    mut round: impl FnMut(&mut Market, Timestamp, u64) -> Result<(), TestCaseError>,
+    mut round: impl FnMut(
+        &mut Market,
+        &[(Timestamp, Timestamp)],
+        Timestamp,
+        u64,
+    ) -> Result<(), TestCaseError>,
 ) -> Result<(), TestCaseError> {
     let cluster = uniform_cluster(
         scenario.racks,
@@ -123,6 +130,7 @@ pub fn play(
     };
     let mut market = Market::new(cluster, config, Timestamp(0)).expect("valid config");
     let mut now = Timestamp(0);
+    let mut departed = Vec::new();
     let mut apps = scenario
         .apps
         .iter()
@@ -140,8 +148,18 @@ pub fn play(
             if let Some(app) = apps.next() {
                 market.add_app(app, now).expect("new app");
             }
+        } else if step % 2 == 1 && market.apps().count() >= 2 {
+            let leaving = market.apps().next().expect("two apps").id.clone();
+            let arrival = market.arrival(&leaving).expect("an active app");
+            market.remove_app(&leaving, now).expect("an active app");
+            departed.push((arrival, now));
         }
-        round(&mut market, now, scenario.seed.wrapping_add(step as u64))?;
+        round(
+            &mut market,
+            &departed,
+            now,
+            scenario.seed.wrapping_add(step as u64),
+        )?;
     }
     Ok(())
 }

@@ -155,6 +155,7 @@ pub fn closed_round(
             id,
             closed_at: now,
             holds: to_json(&outcome.holds)?,
+            claims: to_json(&outcome.claims)?,
             agent_bids,
             allocations,
             unallocated,

@@ -82,6 +82,9 @@ impl Arbiter {
             return refuse(ArbiterError::InvalidApp(reason));
         }
         let now = self.now();
+        // Fixed now, stored with the app and restored as it is, so a restart or a cluster that
+        // grows later leaves the app's rho where it was.
+        let cluster_seconds = self.market.cluster_time(&probe);
         let store = self.store.clone();
         Box::pin(
             async move {
@@ -98,6 +101,7 @@ impl Arbiter {
                     enforcement,
                     jobs: probe.jobs(),
                     arrived_at: now,
+                    cluster_seconds,
                 };
                 let id = store
                     .insert_app(&new_app)
@@ -125,7 +129,7 @@ impl Arbiter {
                 };
                 arbiter
                     .market
-                    .add_app(app, now)
+                    .admit(app, now, cluster_seconds)
                     .map_err(|error| ArbiterError::Internal(error.to_string()))?;
                 arbiter.join(app_id(id), tenant, bidding, enforcement, ctx);
                 arbiter.open_round_if_idle(ctx);

@@ -154,6 +154,15 @@ pub struct ActiveApp {
     pub arrived_at: DateTime<Utc>,
     pub ended_gpu_seconds: f64,
     pub enforcement: Value,
+    /// T_cluster as computed on arrival; `None` for apps registered before it was recorded.
+    pub cluster_seconds: Option<f64>,
+}
+
+/// When an app that has left arrived and left: the contention history a restart rebuilds.
+#[derive(Debug, Clone)]
+pub struct DepartedApp {
+    pub arrived_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone)]
@@ -178,6 +187,7 @@ pub struct StoredRound {
     pub offer: Value,
     pub standings: Value,
     pub holds: Value,
+    pub claims: Value,
     pub bidders: Vec<i64>,
     pub bids: Vec<StoredBid>,
     pub allocations: Vec<super::AllocationRow>,
@@ -427,7 +437,7 @@ impl Store {
     pub async fn stored_round(&self, id: i64) -> Result<Option<StoredRound>, StoreError> {
         let Some(round) = sqlx::query!(
             "SELECT id, status, opened_at, deadline, seed::text AS \"seed!\", engine_version,
-                    leftover_policy, offer, standings, holds, unallocated
+                    leftover_policy, offer, standings, holds, claims, unallocated
              FROM rounds WHERE id = $1",
             id
         )
@@ -470,6 +480,7 @@ impl Store {
             offer: round.offer,
             standings: round.standings,
             holds: round.holds,
+            claims: round.claims,
             bidders,
             bids: self.bids_of_round(id).await?,
             allocations,
@@ -573,11 +584,39 @@ impl Store {
         Ok(sqlx::query_as!(
             ActiveApp,
             r#"SELECT a.id, a.tenant_id, a.bidding, a.state, a.arrived_at, a.enforcement,
+                      a.cluster_seconds,
                       coalesce((SELECT sum(extract(epoch FROM l.ended_at - l.start_at)
                                            * cardinality(l.gpus))
                                 FROM leases l WHERE l.app_id = a.id AND l.state <> 'active'),
                                0)::float8 AS "ended_gpu_seconds!"
                FROM apps a WHERE a.finished_at IS NULL ORDER BY a.id"#
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Every app that has left, with its arrival and departure.
+    pub async fn departed_apps(&self) -> Result<Vec<DepartedApp>, StoreError> {
+        Ok(sqlx::query_as!(
+            DepartedApp,
+            r#"SELECT arrived_at, finished_at AS "finished_at!" FROM apps
+               WHERE finished_at IS NOT NULL ORDER BY id"#
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Leases of active apps that expired after the last round closed: their apps' claims to
+    /// renew onto those GPUs in the next round.
+    pub async fn claimed_leases(&self) -> Result<Vec<StoredLease>, StoreError> {
+        Ok(sqlx::query_as!(
+            StoredLease,
+            r#"SELECT l.id, l.app_id, l.gpus, l.start_at, l.end_at FROM leases l
+               JOIN apps a ON a.id = l.app_id
+               WHERE l.state = 'expired' AND a.finished_at IS NULL
+                 AND l.ended_at >= coalesce(
+                     (SELECT max(closed_at) FROM rounds WHERE status = 'closed'), '-infinity')
+               ORDER BY l.id"#
         )
         .fetch_all(&self.pool)
         .await?)

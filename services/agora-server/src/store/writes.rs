@@ -56,6 +56,7 @@ pub struct ClosedRound {
     pub id: i64,
     pub closed_at: Timestamp,
     pub holds: Value,
+    pub claims: Value,
     pub agent_bids: Vec<(i64, AppBid)>,
     pub allocations: Vec<AllocationRow>,
     pub unallocated: Vec<String>,
@@ -130,15 +131,17 @@ impl Store {
     pub async fn insert_app(&self, app: &NewApp<'_>) -> Result<i64, StoreError> {
         let mut tx = self.pool.begin().await?;
         let id = sqlx::query_scalar!(
-            "INSERT INTO apps (tenant_id, name, kind, bidding, state, arrived_at, enforcement)
-             VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+            "INSERT INTO apps (tenant_id, name, kind, bidding, state, arrived_at, enforcement,
+                               cluster_seconds)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
             app.tenant,
             app.name,
             app.kind,
             app.bidding,
             app.state,
             to_datetime(app.arrived_at),
-            app.enforcement
+            app.enforcement,
+            app.cluster_seconds
         )
         .fetch_one(&mut *tx)
         .await?;
@@ -206,6 +209,8 @@ pub struct NewApp<'a> {
     pub enforcement: Value,
     pub jobs: Vec<&'a agora_market::app::Job>,
     pub arrived_at: Timestamp,
+    /// T_cluster, fixed on arrival (`Market::cluster_time`).
+    pub cluster_seconds: f64,
 }
 
 pub fn simulated_host(machine: i32) -> String {
@@ -335,12 +340,14 @@ async fn write_closed_round(
     round: &ClosedRound,
 ) -> Result<(), sqlx::Error> {
     sqlx::query!(
-        "UPDATE rounds SET status = 'closed', closed_at = $2, holds = $3, unallocated = $4
+        "UPDATE rounds SET status = 'closed', closed_at = $2, holds = $3, unallocated = $4,
+                           claims = $5
          WHERE id = $1",
         round.id,
         to_datetime(round.closed_at),
         round.holds,
-        &round.unallocated
+        &round.unallocated,
+        round.claims
     )
     .execute(&mut **tx)
     .await?;
