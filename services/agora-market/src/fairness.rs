@@ -256,6 +256,11 @@ pub fn place_widths(widths: &[usize], work: &[f64], pool: &[GpuLocation]) -> Vec
         if count == 0 {
             continue;
         }
+        if count == 1 {
+            // Any GPU is as good for one; the last keeps the rest of the pool together.
+            placed[job] = free.pop().into_iter().collect();
+            continue;
+        }
         let index = PlacementIndex::new(free.iter().map(|&item| pool[item]).collect());
         let mut chosen = index.best_subset(count, &[]);
         chosen.sort_unstable_by(|a, b| b.cmp(a));
