@@ -292,7 +292,11 @@ fn a_json_workload_runs() {
     let rows = table_rows(&stdout);
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0][0], "srtf");
-    assert_eq!(rows[0].last().map(String::as_str), Some("0"), "the app finishes: {stdout}");
+    assert_eq!(
+        rows[0].last().map(String::as_str),
+        Some("0"),
+        "the app finishes: {stdout}"
+    );
     let report: Value =
         serde_json::from_str(&read(&dir.join("out/srtf.json"))).expect("the report is JSON");
     assert_eq!(report["apps"][0]["app"], "tiny");
@@ -319,7 +323,11 @@ fn the_tiresias_trace_runs() {
     let rows = table_rows(&stdout);
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0][0], "themis");
-    assert_eq!(rows[0].last().map(String::as_str), Some("0"), "every job finishes: {stdout}");
+    assert_eq!(
+        rows[0].last().map(String::as_str),
+        Some("0"),
+        "every job finishes: {stdout}"
+    );
 }
 
 #[test]

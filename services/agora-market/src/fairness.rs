@@ -10,7 +10,7 @@
 use crate::app::{App, AppKind, JobInfo, PerformanceCurveAgent, SuccessiveHalvingAgent};
 use crate::rho::Rho;
 use crate::time::Timestamp;
-use crate::topology::{GpuLocation, Locality, PlacementIndex};
+use crate::topology::{GpuLocation, Locality};
 
 /// What the estimate needs besides the app and the GPUs: when it is, when the app arrived, how
 /// long the app would take alone on the cluster and how contended the cluster has been.
@@ -249,28 +249,84 @@ pub fn place_widths(widths: &[usize], work: &[f64], pool: &[GpuLocation]) -> Vec
             .then(widths[b].cmp(&widths[a]))
             .then(a.cmp(&b))
     });
-    let mut free: Vec<usize> = (0..pool.len()).collect();
+    let mut free = FreeGpus::new(pool);
     let mut placed = vec![Vec::new(); widths.len()];
     for job in critical_first {
-        let count = widths[job].min(free.len());
-        if count == 0 {
-            continue;
-        }
-        if count == 1 {
-            // Any GPU is as good for one; the last keeps the rest of the pool together.
-            placed[job] = free.pop().into_iter().collect();
-            continue;
-        }
-        let index = PlacementIndex::new(free.iter().map(|&item| pool[item]).collect());
-        let mut chosen = index.best_subset(count, &[]);
-        chosen.sort_unstable_by(|a, b| b.cmp(a));
-        placed[job] = chosen
-            .into_iter()
-            .map(|position| free.remove(position))
-            .collect();
-        placed[job].sort_unstable();
+        placed[job] = free.take_best_fit(widths[job]);
     }
     placed
+}
+
+/// The free GPUs of a pool, grouped by slot, machine and rack, for best-fit placement.
+struct FreeGpus<'a> {
+    pool: &'a [GpuLocation],
+    taken: Vec<bool>,
+    /// Per level (slot, machine, rack): each container's number and its free positions, in
+    /// pool order.
+    containers: [Vec<(u32, Vec<usize>)>; 3],
+}
+
+impl<'a> FreeGpus<'a> {
+    fn new(pool: &'a [GpuLocation]) -> Self {
+        let containers = [
+            |location: GpuLocation| location.slot,
+            |location: GpuLocation| location.machine,
+            |location: GpuLocation| location.rack,
+        ]
+        .map(|number_of| {
+            let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+            for (position, &location) in pool.iter().enumerate() {
+                let number = number_of(location);
+                match groups.iter_mut().find(|(group, _)| *group == number) {
+                    Some((_, positions)) => positions.push(position),
+                    None => groups.push((number, vec![position])),
+                }
+            }
+            groups
+        });
+        Self {
+            pool,
+            taken: vec![false; pool.len()],
+            containers,
+        }
+    }
+
+    /// Takes `count` free GPUs from the smallest slot, else machine, else rack that has them
+    /// (ties to the lowest number), else the first free ones; fewer if fewer are free.
+    fn take_best_fit(&mut self, count: usize) -> Vec<usize> {
+        if count == 0 {
+            return Vec::new();
+        }
+        let taken = &self.taken;
+        let free_in = |positions: &[usize]| -> Vec<usize> {
+            positions
+                .iter()
+                .copied()
+                .filter(|&position| !taken[position])
+                .collect()
+        };
+        let fitting = self.containers.iter().find_map(|level| {
+            level
+                .iter()
+                .map(|(number, positions)| (free_in(positions), *number))
+                .filter(|(free, _)| free.len() >= count)
+                .min_by_key(|(free, number)| (free.len(), *number))
+                .map(|(free, _)| free)
+        });
+        let chosen: Vec<usize> = fitting
+            .unwrap_or_else(|| {
+                (0..self.pool.len())
+                    .filter(|&position| !taken[position])
+                    .collect()
+            })
+            .into_iter()
+            .take(count)
+            .collect();
+        for &position in &chosen {
+            self.taken[position] = true;
+        }
+        chosen
+    }
 }
 
 /// The running integral of the number of active apps over time, from which each app's N_avg
