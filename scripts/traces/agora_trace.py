@@ -22,6 +22,7 @@ See docs/public-traces.md for the rules and the sources.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import sys
@@ -128,6 +129,39 @@ def check_header(header: Sequence[str] | None, required: Iterable[str], where: s
         raise TraceError(
             f"{where}: bad header, missing column(s) {', '.join(missing)}; got {','.join(names)}"
         )
+
+
+def csv_rows(lines, columns: Iterable[str], name: str):
+    """The rows of a CSV trace with the given columns, as (line, where, {column: stripped
+    field}), skipping blank lines; `where` is `name:line` for errors."""
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    check_header(header, columns, f"{name}:1")
+    index = {column.strip(): i for i, column in enumerate(header)}
+    for line, row in enumerate(reader, start=2):
+        if not row or all(not field.strip() for field in row):
+            continue
+        where = f"{name}:{line}"
+        if len(row) != len(header):
+            raise TraceError(f"{where}: expected {len(header)} fields, found {len(row)}")
+        yield line, where, {column: row[i].strip() for column, i in index.items()}
+
+
+def converter_main(argv, description: str, trace_help: str, read_jobs, prefix: str,
+                   grouped: bool, add_arguments=None, read_options=None) -> int:
+    """A converter's command line: parse arguments, read the trace with `read_jobs(handle,
+    path, report, **read_options(args))`, build the workload and write it."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("trace", help=trace_help)
+    add_common_arguments(parser, grouped=grouped)
+    if add_arguments:
+        add_arguments(parser)
+    args = parser.parse_args(argv)
+    report = Report()
+    with open(args.trace, newline="", encoding="utf-8") as handle:
+        jobs = read_jobs(handle, args.trace, report, **(read_options(args) if read_options else {}))
+    workload = build_from_args(jobs, report, args, prefix=prefix)
+    return finish(workload, report, args.output)
 
 
 def iterations_for(work: float, iteration_seconds: float) -> tuple[int, float]:

@@ -27,8 +27,6 @@ instances without a ``deletion_time`` (alive at the trace end: run time censored
 
 from __future__ import annotations
 
-import argparse
-import csv
 import math
 import sys
 
@@ -39,19 +37,9 @@ COLUMNS = ("instance_sn", "role", "app_name", "gpu_request", "creation_time", "s
 
 
 def read_jobs(lines, name: str, report: at.Report) -> list[at.TraceJob]:
-    reader = csv.reader(lines)
-    header = next(reader, None)
-    at.check_header(header, COLUMNS, f"{name}:1")
-    index = {column.strip(): i for i, column in enumerate(header)}
     jobs = []
-    for line, row in enumerate(reader, start=2):
-        if not row or all(not field.strip() for field in row):
-            continue
-        where = f"{name}:{line}"
-        if len(row) != len(header):
-            raise at.TraceError(f"{where}: expected {len(header)} fields, found {len(row)}")
+    for _, where, field in at.csv_rows(lines, COLUMNS, name):
         report.rows += 1
-        field = {column: row[i].strip() for column, i in index.items()}
         if not field["instance_sn"] or not field["app_name"]:
             raise at.TraceError(f"{where}: empty instance_sn or app_name")
         gpus_raw = at.parse_number(field["gpu_request"], "gpu_request", where)
@@ -84,15 +72,9 @@ def read_jobs(lines, name: str, report: at.Report) -> list[at.TraceJob]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace", help="path of disaggregated_DLRM_trace.csv")
-    at.add_common_arguments(parser, grouped=True)
-    args = parser.parse_args(argv)
-    report = at.Report()
-    with open(args.trace, newline="", encoding="utf-8") as handle:
-        jobs = read_jobs(handle, args.trace, report)
-    workload = at.build_from_args(jobs, report, args, prefix="dlrm")
-    return at.finish(workload, report, args.output)
+    return at.converter_main(argv, __doc__.split("\n\n")[0],
+                             "path of disaggregated_DLRM_trace.csv", read_jobs,
+                             prefix="dlrm", grouped=True)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,6 @@ their phase when they were deleted (stopped, not failed), so their run time ends
 
 from __future__ import annotations
 
-import argparse
-import csv
 import sys
 
 import agora_trace as at
@@ -38,18 +36,8 @@ KEPT_PHASES = ("Succeeded", "Running")
 
 def read_jobs(lines, name: str, report: at.Report, fractional: str = "whole",
               trace_end: float | None = None) -> list[at.TraceJob]:
-    reader = csv.reader(lines)
-    header = next(reader, None)
-    at.check_header(header, COLUMNS, f"{name}:1")
-    index = {column.strip(): i for i, column in enumerate(header)}
     parsed = []
-    for line, row in enumerate(reader, start=2):
-        if not row or all(not field.strip() for field in row):
-            continue
-        where = f"{name}:{line}"
-        if len(row) != len(header):
-            raise at.TraceError(f"{where}: expected {len(header)} fields, found {len(row)}")
-        field = {column: row[i].strip() for column, i in index.items()}
+    for line, where, field in at.csv_rows(lines, COLUMNS, name):
         if not field["name"]:
             raise at.TraceError(f"{where}: empty name")
         gpus = at.parse_int(field["num_gpu"], "num_gpu", where)
@@ -93,19 +81,17 @@ def read_jobs(lines, name: str, report: at.Report, fractional: str = "whole",
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace", help="path of openb_pod_list_default.csv")
+    return at.converter_main(
+        argv, __doc__.split("\n\n")[0], "path of openb_pod_list_default.csv", read_jobs,
+        prefix="alibaba", grouped=False, add_arguments=add_arguments,
+        read_options=lambda args: {"fractional": args.fractional, "trace_end": args.trace_end})
+
+
+def add_arguments(parser) -> None:
     parser.add_argument("--fractional", choices=("whole", "drop"), default="whole",
                         help="GPU-sharing pods: count as one whole GPU (default) or drop")
     parser.add_argument("--trace-end", type=float, default=None,
                         help="end of the trace in seconds (default: the last deletion_time)")
-    at.add_common_arguments(parser, grouped=False)
-    args = parser.parse_args(argv)
-    report = at.Report()
-    with open(args.trace, newline="", encoding="utf-8") as handle:
-        jobs = read_jobs(handle, args.trace, report, args.fractional, args.trace_end)
-    workload = at.build_from_args(jobs, report, args, prefix="alibaba")
-    return at.finish(workload, report, args.output)
 
 
 if __name__ == "__main__":

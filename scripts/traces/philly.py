@@ -23,9 +23,7 @@ status column, so failed or killed jobs cannot be told apart. Malformed rows are
 
 from __future__ import annotations
 
-import argparse
 import calendar
-import csv
 import sys
 import time
 
@@ -42,23 +40,14 @@ def parse_time(text: str, where: str) -> float:
 
 
 def read_jobs(lines, name: str, report: at.Report) -> list[at.TraceJob]:
-    reader = csv.reader(lines)
-    header = next(reader, None)
-    at.check_header(header, COLUMNS, f"{name}:1")
-    index = {column.strip(): i for i, column in enumerate(header)}
     jobs = []
-    for line, row in enumerate(reader, start=2):
-        if not row or all(not field.strip() for field in row):
-            continue
-        where = f"{name}:{line}"
-        if len(row) != len(header):
-            raise at.TraceError(f"{where}: expected {len(header)} fields, found {len(row)}")
+    for line, where, field in at.csv_rows(lines, COLUMNS, name):
         report.rows += 1
-        arrival = parse_time(row[index["timestamp"]], where)
-        duration = at.parse_number(row[index["duration"]], "duration", where)
-        gpus = at.parse_int(row[index["num_gpus"]], "num_gpus", where)
-        at.parse_number(row[index["gpu_time"]], "gpu_time", where)
-        vc = row[index["cluster"]].strip()
+        arrival = parse_time(field["timestamp"], where)
+        duration = at.parse_number(field["duration"], "duration", where)
+        gpus = at.parse_int(field["num_gpus"], "num_gpus", where)
+        at.parse_number(field["gpu_time"], "gpu_time", where)
+        vc = field["cluster"]
         if not vc:
             raise at.TraceError(f"{where}: empty cluster (VC)")
         if gpus <= 0:
@@ -74,15 +63,9 @@ def read_jobs(lines, name: str, report: at.Report) -> list[at.TraceJob]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace", help="path of philly.csv (Pollux artifact extract)")
-    at.add_common_arguments(parser, grouped=True)
-    args = parser.parse_args(argv)
-    report = at.Report()
-    with open(args.trace, newline="", encoding="utf-8") as handle:
-        jobs = read_jobs(handle, args.trace, report)
-    workload = at.build_from_args(jobs, report, args, prefix="philly")
-    return at.finish(workload, report, args.output)
+    return at.converter_main(argv, __doc__.split("\n\n")[0],
+                             "path of philly.csv (Pollux artifact extract)", read_jobs,
+                             prefix="philly", grouped=True)
 
 
 if __name__ == "__main__":
