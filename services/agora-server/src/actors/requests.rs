@@ -628,7 +628,8 @@ impl Arbiter {
 /// An app's position now, for the "why" view.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AppStanding {
-    /// rho now; `None` while the app holds no GPU (starving).
+    /// rho as the app stands now: with the GPUs it holds and those its lease just ended on (its
+    /// claim to renew them); `None` while it holds and claims none (starving).
     pub rho: Option<f64>,
     pub gpus_held: usize,
     pub unmet_demand: usize,
