@@ -589,8 +589,9 @@ impl JobPlacement {
 ///
 /// - a job keeps its GPUs, at the width it started with, while the app holds them all;
 /// - when it enters a new phase or the app got more GPUs, a job whose width should change is
-///   resized if that pays (growing must save more than the restart pause; a narrower share
-///   forces it) and, restarting anyway, is placed afresh;
+///   resized if that pays (growing must let the slowest of them finish sooner by more than the
+///   restart pause, as the job model plans phases; a narrower share forces it) and,
+///   restarting anyway, is placed afresh;
 /// - jobs without GPUs, and resized ones, are placed on the free GPUs together, the job the
 ///   phase waits for first; once some jobs run, jobs that never ran queue for one GPU each as
 ///   GPUs free up, as the job model's phases do when GPUs are fewer than jobs.
@@ -609,13 +610,27 @@ fn place_jobs(
         .map(|width| width.max(1))
         .collect();
     let holds: BTreeSet<GpuIndex> = held.iter().copied().collect();
+    // Growing pays, as in the job model's plan, if the jobs that may resize finish their
+    // phase sooner by more than the restart pause (the phase waits for the slowest of them).
+    let resizable = || {
+        jobs.iter()
+            .zip(&widths)
+            .filter(|(job, _)| job.may_resize && !job.current.is_empty())
+    };
+    let slowest = |time: &dyn Fn(&JobPlacement, usize) -> f64| {
+        resizable()
+            .map(|(job, &width)| time(job, width))
+            .fold(0.0, f64::max)
+    };
+    let kept = slowest(&|job, _| job.time_on(&job.current, cluster));
+    let resized = slowest(&|job, width| {
+        let current = job.current.len();
+        job.time_on(&job.current, cluster) * current as f64 / width.max(current) as f64
+    });
+    let growth_pays = kept - resized > restart_pause_seconds;
     let resizes = |job: &JobPlacement, width: usize| {
         let current = job.current.len();
-        job.may_resize
-            && (width < current
-                || (width > current
-                    && job.time_on(&job.current, cluster) * (1.0 - current as f64 / width as f64)
-                        > restart_pause_seconds))
+        job.may_resize && (width < current || (width > current && growth_pays))
     };
     let mut placed: Vec<Vec<GpuIndex>> = jobs
         .iter()
