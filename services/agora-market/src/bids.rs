@@ -135,8 +135,8 @@ struct Candidates<'a> {
     renewal: &'a [usize],
     anchors: Vec<GpuLocation>,
     per_level: usize,
-    /// Placement over the claimed GPUs, and over the rest of the offer (positions map back
-    /// through `claimed_items` and `other_items`).
+    /// Placement over the claimed GPUs and over the rest of the offer; their positions map
+    /// back to offer items through `renewal` and `other_items`.
     claimed: PlacementIndex,
     others: PlacementIndex,
     other_items: Vec<usize>,
