@@ -756,28 +756,31 @@ impl Market {
                 let context = self.fairness_context(participant, now);
                 let app = &participant.app;
                 let demand = app.current_demand() as usize;
-                let rho = rho(app, &standing_on, &context);
-                let need = rho.map_or_else(
+                let standing_rho = rho(app, &standing_on, &context);
+                // A starving app is as badly off as its rho with its whole demand, ideally placed.
+                let ideal = GpuLocation {
+                    rack: 0,
+                    machine: 0,
+                    slot: 0,
+                };
+                let need = standing_rho.map_or_else(
                     || {
-                        let ideal = vec![
-                            GpuLocation {
-                                rack: 0,
-                                machine: 0,
-                                slot: 0
-                            };
-                            demand.max(1)
-                        ];
-                        crate::fairness::rho(app, &ideal, &context)
+                        rho(app, &vec![ideal; demand.max(1)], &context)
                             .map_or(f64::INFINITY, |rho| rho.get())
                     },
                     |rho| rho.get(),
                 );
                 let standing = Standing {
                     app: id.clone(),
-                    rho,
+                    rho: standing_rho,
                     unmet_demand: demand.saturating_sub(held.len()),
                 };
-                (rho.is_none(), need, participant.lifetime.arrival, standing)
+                (
+                    standing_rho.is_none(),
+                    need,
+                    participant.lifetime.arrival,
+                    standing,
+                )
             })
             .collect();
         ranked.sort_by(|a, b| {
