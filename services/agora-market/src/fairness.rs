@@ -79,7 +79,8 @@ pub fn remaining_phases(app: &App, gpu_count: u32) -> Vec<Vec<JobInfo>> {
 /// Between phases a job keeps its width (its GPU count) unless the next phase's share differs
 /// and resizing pays: growing must save more than the restart pause it costs, and a share
 /// narrower than the width forces the resize. A phase runs on the GPUs the earlier ones used
-/// when they are enough (an app keeps the GPUs it started on), else on all of `gpus`.
+/// when they are enough (an app keeps the GPUs it started on), else on all of `gpus`; jobs
+/// that resize may move to better-placed GPUs of `gpus`, since they restart anyway.
 pub fn plan_time(phases: &[Vec<JobInfo>], gpus: &[GpuLocation], restart_pause_seconds: f64) -> f64 {
     let mut ordered = gpus.to_vec();
     ordered.sort_unstable();
@@ -98,6 +99,20 @@ pub fn plan_time(phases: &[Vec<JobInfo>], gpus: &[GpuLocation], restart_pause_se
         };
         let share = widest_share(jobs, pool.len());
         let (resized, used) = phase_time(jobs, &pool);
+        // Jobs that resize restart anyway, so they may move: to better-placed GPUs elsewhere
+        // when the earlier phases' footprint places them worse.
+        let mut pool_len = pool.len();
+        let (resized, used) = if pool_len < ordered.len() && width.is_some_and(|w| w != share) {
+            let (moved, moved_used) = phase_time(jobs, &ordered);
+            if moved < resized {
+                pool_len = ordered.len();
+                (moved, moved_used)
+            } else {
+                (resized, used)
+            }
+        } else {
+            (resized, used)
+        };
         let (time, used) = match width {
             Some(previous) if share > previous => {
                 let (kept, kept_used) = phase_time(&capped(jobs, previous), &pool);
@@ -118,7 +133,7 @@ pub fn plan_time(phases: &[Vec<JobInfo>], gpus: &[GpuLocation], restart_pause_se
             }
         };
         total += time;
-        if pool.len() != footprint.len() || footprint.is_empty() {
+        if pool_len != footprint.len() || footprint.is_empty() {
             footprint = used;
             footprint.sort_unstable();
         }
@@ -613,6 +628,42 @@ mod tests {
             value, 1.0,
             "an app alone holding the whole cluster has rho 1"
         );
+    }
+
+    /// Two 2-GPU jobs fill the two 2-GPU machines first (best fit), then one 4-GPU job grows
+    /// out of them: it restarts anyway, so it moves to the 4-GPU machine (slowdown 1.1) rather
+    /// than spanning the two small ones (1.5): 50 s + 35 s pause + 400 x 1.1 / 4 s.
+    #[test]
+    fn resized_jobs_move_to_better_placed_gpus() {
+        let at = |machine, slot| GpuLocation {
+            rack: 0,
+            machine,
+            slot,
+        };
+        let gpus = [
+            at(0, 0),
+            at(0, 0),
+            at(1, 1),
+            at(1, 1),
+            at(2, 2),
+            at(2, 2),
+            at(2, 3),
+            at(2, 3),
+        ];
+        let job = |iterations: f64, max_gpus| JobInfo {
+            iterations_remaining: iterations,
+            serial_iteration_time: 1.0,
+            max_gpus,
+            slowdown: PlacementSlowdown {
+                same_slot: 1.0,
+                same_machine: 1.1,
+                same_rack: 1.5,
+                cross_rack: 2.0,
+            },
+        };
+        let phases = [vec![job(100.0, 2), job(100.0, 2)], vec![job(400.0, 4)]];
+        let expected = 50.0 + 35.0 + 400.0 * 1.1 / 4.0;
+        assert!((plan_time(&phases, &gpus, 35.0) - expected).abs() < 1e-9);
     }
 
     #[test]
