@@ -107,7 +107,7 @@ impl Structure {
     }
 }
 
-/// The PF choice: lexicographic maximum Nash welfare (see [`tiered_weight`]), per component.
+/// The PF choice: lexicographic maximum Nash welfare (see [`pf_choice`]), per component.
 pub(super) fn proportional_fair(
     instance: &Instance,
     structure: &Structure,
@@ -215,20 +215,53 @@ enum Method {
     BranchAndBound,
 }
 
-/// The PF choice within one component, in `members` order.
+/// The PF choice within one component, in `members` order: lexicographic maximum Nash
+/// welfare, as two programs. The first finds the most starving members that can be served
+/// together; the second maximises the sum of log-valuations serving exactly that many. (A
+/// single program with a large weight on the first tier mixes magnitudes: branch and bound
+/// then has to prove a welfare gap of 1e-9 on objectives in the thousands, and was measured
+/// to branch for seconds.)
 fn pf_choice(
     context: &Context,
     members: &[usize],
 ) -> Result<(Vec<Option<usize>>, Method), AuctionError> {
+    let instance = context.instance;
     if let [only] = members {
-        return Ok((vec![best_alone(context.instance, *only)], Method::Alone));
+        return Ok((vec![best_alone(instance, *only)], Method::Alone));
     }
-    let mut relaxation = Relaxation::new(context, members);
+    let starving = |member: usize| instance.bidders[member].is_starving();
+    let (starving_served, first) = if members.iter().any(|&m| starving(m)) {
+        let served = |member, _| f64::from(u8::from(starving(member)));
+        let (choice, method) = optimum(context, members, served, None)?;
+        let count = members.iter().zip(&choice);
+        let count = count.filter(|&(&m, o)| starving(m) && o.is_some()).count();
+        (Some(count), method)
+    } else {
+        (None, Method::Relaxation)
+    };
+    let gain = |member, option| instance.gain(member, option);
+    let (choice, second) = optimum(context, members, gain, starving_served)?;
+    let method = match (first, second) {
+        (Method::Relaxation, Method::Relaxation) => Method::Relaxation,
+        _ => Method::BranchAndBound,
+    };
+    Ok((choice, method))
+}
+
+/// An optimal choice of the program over `members` with column weights `weight`, serving
+/// exactly `starving_served` starving members when given: by its LP relaxation when that is
+/// integral, by branch and bound otherwise.
+fn optimum(
+    context: &Context,
+    members: &[usize],
+    weight: impl Fn(usize, usize) -> f64 + Copy,
+    starving_served: Option<usize>,
+) -> Result<(Vec<Option<usize>>, Method), AuctionError> {
+    let mut relaxation = Relaxation::new(context, members, weight, starving_served);
     if let Some(choice) = relaxation.solve_integral("proportional-fair", None)? {
         return Ok((choice, Method::Relaxation));
     }
-    let weight = tiered_weight(context.instance, members);
-    let choice = Program::new(context, members, None, weight)
+    let choice = Program::new(context, members, starving_served, weight)
         .solve("proportional-fair", None)?
         .expect("without a budget the program is solved to optimality");
     Ok((choice, Method::BranchAndBound))
@@ -272,18 +305,19 @@ fn group_payments(
         let _solve = tracing::info_span!(parent: span, "payment_solve", %app).entered();
         let others: Vec<usize> = members.iter().copied().filter(|&m| m != payer).collect();
         let with_payer = welfare(instance, others.iter().map(|&m| (m, options[m])));
-        let starving_cap = instance.bidders[payer].is_starving().then(|| {
-            others
-                .iter()
-                .filter(|&&m| instance.bidders[m].is_starving() && options[m].is_some())
-                .count()
-        });
+        let starving_served = others
+            .iter()
+            .filter(|&&m| instance.bidders[m].is_starving() && options[m].is_some())
+            .count();
         let pf_without_payer: Vec<Option<usize>> = members
             .iter()
             .map(|&m| if m == payer { None } else { options[m] })
             .collect();
-        let relaxation = relaxation.get_or_insert_with(|| Relaxation::new(context, members));
-        relaxation.exclude(position, starving_cap);
+        let relaxation = relaxation.get_or_insert_with(|| {
+            let gain = |member, option| instance.gain(member, option);
+            Relaxation::new(context, members, gain, Some(starving_served))
+        });
+        relaxation.exclude(position, starving_served);
         let certified = relaxation.solve_integral("payment", Some(&pf_without_payer));
         relaxation.restore(position);
         let payment = if let Some(choice) = certified? {
@@ -292,8 +326,8 @@ fn group_payments(
         } else if budget.branch_and_bound_nodes == 0 {
             Payment::Fallback
         } else {
-            let weight = tiered_weight(instance, &others);
-            let program = Program::new(context, &others, starving_cap, weight);
+            let gain = |member, option| instance.gain(member, option);
+            let program = Program::new(context, &others, Some(starving_served), gain);
             match program.solve("payment", Some(budget))? {
                 Some(choice) => {
                     let without_payer = welfare(instance, others.iter().copied().zip(choice));
@@ -326,13 +360,14 @@ fn welfare(instance: &Instance, choice: impl Iterator<Item = (usize, Option<usiz
 }
 
 /// c_i = prod_{j != i} v_j(x*) / prod_{j != i} v_j(x*_{-i}), in logs over i's component (the
-/// other components are the same in both solutions and cancel). x*_{-i} serves as many
-/// starving bidders as x* does, so the comparison stays within one tier of the lexicographic
-/// objective and c_i stays in (0, 1] (docs/mechanism.md).
+/// other components are the same in both solutions and cancel). x*_{-i} is the others' best
+/// choice serving exactly as many starving bidders as x* does, so the comparison stays within
+/// one tier of the lexicographic objective and c_i stays in (0, 1] (docs/mechanism.md).
 ///
-/// x*_{-i} is the others' lexicographic optimum. When i is not starving it serves that many
-/// starving bidders by itself (if the others could serve more without i, x* could too, by
-/// giving i nothing); when i is starving, an upper bound on the count keeps it there.
+/// The count is a constraint rather than a tier weight in the objective: payment programs then
+/// compare welfare alone, of magnitude 1 rather than of the tier, so branch and bound proves
+/// the gap `mip_abs_gap` on the quantity it measures (with the tier weight it had to prove
+/// 1e-9 on objectives in the thousands, and branched for seconds).
 fn share(with_payer: f64, without_payer: f64) -> f64 {
     // The PF solution minus the payer is feasible without the payer, so the optimum is at
     // least as good; a smaller value can only be solver tolerance.
@@ -341,8 +376,8 @@ fn share(with_payer: f64, without_payer: f64) -> f64 {
 
 /// The rows and columns of one program over `members`, or of its LP relaxation: a column per
 /// (member, option), at most one option per member, class capacities on contested classes and,
-/// when a cap is given and some member starves, a cap on the starving members served. The cap
-/// is a row against a slack column whose upper bound is the cap, so that a relaxation can
+/// when `starving_served` is given and some member starves, exactly that many starving members
+/// served. That count is a row against a slack column fixed to it, so that a relaxation can
 /// change it by changing a column bound.
 struct Formulation {
     problem: RowProblem,
@@ -361,7 +396,7 @@ impl Formulation {
         members: &[usize],
         weight: impl Fn(usize, usize) -> f64,
         integer: bool,
-        starving_cap: Option<usize>,
+        starving_served: Option<usize>,
     ) -> Self {
         let instance = context.instance;
         let mut problem = RowProblem::default();
@@ -407,12 +442,21 @@ impl Formulation {
         {
             problem.add_row(..=f64::from(instance.capacity[class]), row);
         }
-        let starving_slack = starving_cap.filter(|_| !starving.is_empty()).map(|cap| {
-            let slack = problem.add_column(0.0, 0.0..=cap as f64);
-            starving.push((slack, -1.0));
-            problem.add_row(..=0.0, &starving);
-            slack
-        });
+        // A relaxation changes the count through a slack column's bounds; a binary program
+        // keeps the count in the row's bounds, since a continuous column was measured to make
+        // HiGHS's branch and bound several times slower.
+        let mut starving_slack = None;
+        if let Some(served) = starving_served.filter(|_| !starving.is_empty()) {
+            let served = served as f64;
+            if integer {
+                problem.add_row(served..=served, &starving);
+            } else {
+                let slack = problem.add_column(0.0, served..=served);
+                starving.push((slack, -1.0));
+                problem.add_row(0.0..=0.0, &starving);
+                starving_slack = Some(slack);
+            }
+        }
         Self {
             problem,
             columns,
@@ -440,6 +484,13 @@ impl Formulation {
         // Rounding must not lose objective: then the choice is optimal to the tolerance that
         // branch and bound would prove (`mip_abs_gap`).
         self.attains(&choice, objective).then_some(choice)
+    }
+
+    /// Sets the upper bound of every column of member `position`.
+    fn bound_member(&self, model: &mut Model, position: usize, upper: f64) {
+        for &column in &self.handles[self.columns_of[position].clone()] {
+            model.change_column_bounds(column, 0.0..=upper);
+        }
     }
 
     /// Whether `choice` (in member order) is worth `bound` or more, to the tolerance.
@@ -479,26 +530,22 @@ fn solved_optimal(model: Model, program: &'static str) -> Result<highs::SolvedMo
 }
 
 /// The LP relaxation of a component's program, kept between solves: a payment excludes the
-/// payer by bounding its columns to 0 (and caps the starving served) and re-solves from the
+/// payer by bounding its columns to 0 (and sets the starving served) and re-solves from the
 /// previous optimal basis.
 struct Relaxation {
     /// `None` only while a solve holds it.
     model: Option<Model>,
     formulation: Formulation,
-    /// The number of starving members: the cap that caps nothing.
-    starving_members: usize,
 }
 
 impl Relaxation {
-    fn new(context: &Context, members: &[usize]) -> Self {
-        let instance = context.instance;
-        let starving_members = members
-            .iter()
-            .filter(|&&m| instance.bidders[m].is_starving())
-            .count();
-        let weight = tiered_weight(instance, members);
-        let mut formulation =
-            Formulation::new(context, members, weight, false, Some(starving_members));
+    fn new(
+        context: &Context,
+        members: &[usize],
+        weight: impl Fn(usize, usize) -> f64,
+        starving_served: Option<usize>,
+    ) -> Self {
+        let mut formulation = Formulation::new(context, members, weight, false, starving_served);
         let problem = std::mem::take(&mut formulation.problem);
         let mut model = problem.optimise(Sense::Maximise);
         quiet_single_thread(&mut model);
@@ -508,7 +555,6 @@ impl Relaxation {
         Self {
             model: Some(model),
             formulation,
-            starving_members,
         }
     }
 
@@ -538,24 +584,20 @@ impl Relaxation {
         Ok(choice)
     }
 
-    /// Leaves member `position` out and caps the starving served at `starving_cap`.
-    fn exclude(&mut self, position: usize, starving_cap: Option<usize>) {
-        self.bound(position, 0.0, starving_cap.unwrap_or(self.starving_members));
-    }
-
-    /// Undoes [`Self::exclude`].
-    fn restore(&mut self, position: usize) {
-        self.bound(position, 1.0, self.starving_members);
-    }
-
-    fn bound(&mut self, position: usize, upper: f64, starving_cap: usize) {
+    /// Leaves member `position` out and serves exactly `starving_served` starving members.
+    fn exclude(&mut self, position: usize, starving_served: usize) {
         let model = self.model.as_mut().expect("not solving");
-        for &column in &self.formulation.handles[self.formulation.columns_of[position].clone()] {
-            model.change_column_bounds(column, 0.0..=upper);
-        }
+        self.formulation.bound_member(model, position, 0.0);
         if let Some(slack) = self.formulation.starving_slack {
-            model.change_column_bounds(slack, 0.0..=starving_cap as f64);
+            let served = starving_served as f64;
+            model.change_column_bounds(slack, served..=served);
         }
+    }
+
+    /// Undoes [`Self::exclude`] for the member (the starving count is set by every exclusion).
+    fn restore(&mut self, position: usize) {
+        let model = self.model.as_mut().expect("not solving");
+        self.formulation.bound_member(model, position, 1.0);
     }
 }
 
@@ -568,11 +610,11 @@ impl Program {
     fn new(
         context: &Context,
         members: &[usize],
-        starving_cap: Option<usize>,
+        starving_served: Option<usize>,
         weight: impl Fn(usize, usize) -> f64,
     ) -> Self {
         Self {
-            formulation: Formulation::new(context, members, weight, true, starving_cap),
+            formulation: Formulation::new(context, members, weight, true, starving_served),
         }
     }
 
@@ -693,30 +735,6 @@ fn union(parent: &mut [usize], a: usize, b: usize) {
     let (root_a, root_b) = (find(parent, a), find(parent, b));
     if root_a != root_b {
         parent[root_a.max(root_b)] = root_a.min(root_b);
-    }
-}
-
-/// Column weights of the lexicographic objective over `members`: first serve as many starving
-/// bidders as possible, then maximise the sum of log-valuations. The first tier is a weight on
-/// each starving bidder's columns larger than any difference the second tier can make.
-fn tiered_weight<'a>(
-    instance: &'a Instance,
-    members: &[usize],
-) -> impl Fn(usize, usize) -> f64 + 'a {
-    let largest_gain = |&member: &usize| {
-        let options = 0..instance.bidders[member].options.len();
-        options
-            .map(|option| instance.gain(member, option).abs())
-            .fold(0.0, f64::max)
-    };
-    let tier = 2.0 * members.iter().map(largest_gain).sum::<f64>() + 1.0;
-    move |member, option| {
-        let starving_bonus = if instance.bidders[member].is_starving() {
-            tier
-        } else {
-            0.0
-        };
-        starving_bonus + instance.gain(member, option)
     }
 }
 
