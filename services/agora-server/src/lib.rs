@@ -8,6 +8,7 @@ pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod metrics;
+pub mod names;
 pub mod notices;
 pub mod server;
 pub mod store;

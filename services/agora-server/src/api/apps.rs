@@ -7,11 +7,12 @@ use agora_protocol::Enforcement;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::problem::{ApiError, Problem};
-use super::{authorized_app, owned_app, ApiState, Caller};
+use super::problem::{ApiError, ErrorCode, Problem};
+use super::{authorized_app, owned_app, ApiState, Caller, Json};
 use crate::actors::agent::Bidding;
 use crate::actors::requests::{
-    AppStanding, FinishApp, ProgressAck, RegisterApp, ReportProgress, StandingOf,
+    AppStanding, FinishApp, ProgressAck, ProjectRho, RegisterApp, ReportProgress, RhoProjection,
+    StandingOf,
 };
 use crate::store::{AppRow, LeaseView};
 
@@ -34,7 +35,7 @@ pub struct RegisterBody {
     pub bidding: String,
     /// The search: `single_job`, `successive_halving` or `performance_curve`, with its jobs
     /// (the engine's app format, `docs/simulator-inputs.md`).
-    #[schema(value_type = Object)]
+    #[schema(value_type = super::schemas::AppKindSchema)]
     pub app: AppKind,
     /// How GPU hosts enforce the app's leases: `{"mode": "watch"}` (default: the app runs its
     /// jobs; the worker reports foreign processes on leased GPUs) or `{"mode": "launch",
@@ -60,12 +61,15 @@ fn default_bidding() -> String {
 pub async fn register_app(
     state: web::Data<ApiState>,
     caller: Caller,
-    body: web::Json<RegisterBody>,
+    body: Json<RegisterBody>,
 ) -> Result<HttpResponse, ApiError> {
     let tenant = caller.require_tenant()?;
-    let body = body.into_inner();
+    let Json(body) = body;
     let bidding = Bidding::parse(&body.bidding).ok_or_else(|| {
-        ApiError::unprocessable("invalid_app", "bidding must be `agent` or `explicit`")
+        ApiError::new(
+            ErrorCode::InvalidApp,
+            "bidding must be `agent` or `explicit`",
+        )
     })?;
     let id = state
         .arbiter
@@ -82,19 +86,18 @@ pub async fn register_app(
     Ok(HttpResponse::Created().json(row))
 }
 
-/// The calling tenant's apps, finished ones included.
+/// The calling tenant's apps, finished ones included; the admin sees every tenant's.
 #[utoipa::path(get, path = "/v1/apps", responses((status = 200, body = Vec<AppRow>)))]
 #[get("/v1/apps")]
 pub async fn list_apps(
     state: web::Data<ApiState>,
     caller: Caller,
 ) -> Result<HttpResponse, ApiError> {
-    let tenant = caller.require_tenant()?;
-    Ok(HttpResponse::Ok().json(state.store.apps_of(tenant).await?))
+    Ok(HttpResponse::Ok().json(state.store.apps_of(caller.tenant()).await?))
 }
 
 #[utoipa::path(get, path = "/v1/apps/{app}", params(("app" = i64, Path)),
-    responses((status = 200, body = AppRow), (status = 403, body = Problem), (status = 404, body = Problem)))]
+    responses((status = 200, body = AppRow)))]
 #[get("/v1/apps/{app}")]
 pub async fn get_app(
     state: web::Data<ApiState>,
@@ -109,7 +112,7 @@ pub async fn get_app(
 #[schema(example = json!({"jobs": [{"job": "trial-0", "completed_iterations": 120,
     "observed": {"locality": "same_machine", "gpus": 2, "seconds_per_iteration": 0.27}}]}))]
 pub struct ProgressBody {
-    #[schema(value_type = Vec<Object>)]
+    #[schema(value_type = Vec<super::schemas::JobProgressSchema>)]
     pub jobs: Vec<JobProgress>,
 }
 
@@ -117,13 +120,14 @@ pub struct ProgressBody {
 /// with nothing left to run finishes.
 #[utoipa::path(post, path = "/v1/apps/{app}/progress", params(("app" = i64, Path)),
     request_body = ProgressBody,
-    responses((status = 200, body = ProgressAck), (status = 422, body = Problem)))]
+    responses((status = 200, body = ProgressAck), (status = 409, body = Problem),
+              (status = 422, body = Problem)))]
 #[post("/v1/apps/{app}/progress")]
 pub async fn report_progress(
     state: web::Data<ApiState>,
     caller: Caller,
     app: web::Path<i64>,
-    body: web::Json<ProgressBody>,
+    body: Json<ProgressBody>,
 ) -> Result<HttpResponse, ApiError> {
     owned_app(&state, caller, *app).await?;
     let ack = state
@@ -131,7 +135,7 @@ pub async fn report_progress(
         .send(ReportProgress {
             tenant: caller.tenant(),
             app: *app,
-            jobs: body.into_inner().jobs,
+            jobs: body.0.jobs,
             span: tracing::Span::current(),
         })
         .await??;
@@ -300,4 +304,43 @@ fn explain(row: &AppRow, now: Option<&AppStanding>, last: Option<&LastRoundWhy>)
             last.c.map_or("-".to_owned(), |c| format!("{c:.3}"))
         ),
     }
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"progress": [{"job": "trial-0", "completed_iterations": 300}],
+    "gpus": ["m0-g0", "m0-g1"]}))]
+pub struct RhoQuery {
+    /// Progress to assume, as in a progress report (nothing is stored); none by default.
+    #[serde(default)]
+    #[schema(value_type = Vec<super::schemas::JobProgressSchema>)]
+    pub progress: Vec<JobProgress>,
+    /// GPUs to assume the app holds instead of its leases (a hypothetical allocation).
+    pub gpus: Option<Vec<String>>,
+}
+
+/// The app's rho now and as projected from hypothetical progress or GPUs, computed by the
+/// engine exactly as the arbiter ranks the app and bids for it. Changes nothing.
+#[utoipa::path(post, path = "/v1/apps/{app}/rho", params(("app" = i64, Path)),
+    request_body = RhoQuery,
+    responses((status = 200, body = RhoProjection), (status = 409, body = Problem)))]
+#[post("/v1/apps/{app}/rho")]
+pub async fn project_rho(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    app: web::Path<i64>,
+    body: Json<RhoQuery>,
+) -> Result<HttpResponse, ApiError> {
+    owned_app(&state, caller, *app).await?;
+    let Json(query) = body;
+    let projection = state
+        .arbiter
+        .send(ProjectRho {
+            tenant: caller.tenant(),
+            app: *app,
+            progress: query.progress,
+            gpus: query.gpus,
+        })
+        .await??;
+    Ok(HttpResponse::Ok().json(projection))
 }

@@ -3,14 +3,13 @@
 
 use actix_web::HttpResponse;
 
-use super::problem::ApiError;
+use super::problem::{ApiError, ErrorCode};
 use crate::metrics::metrics;
 
 pub async fn prometheus() -> Result<HttpResponse, ApiError> {
     let text = metrics().prometheus_text().map_err(|error| {
         ApiError::new(
-            actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "metrics_unavailable",
+            ErrorCode::MetricsUnavailable,
             format!("the metrics could not be encoded: {error}"),
         )
     })?;

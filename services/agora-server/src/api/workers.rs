@@ -6,12 +6,11 @@ use std::future::Future;
 use std::pin::Pin;
 
 use actix_web::dev::Payload;
-use actix_web::http::StatusCode;
 use actix_web::{post, web, FromRequest, HttpRequest, HttpResponse};
 use agora_protocol::{Heartbeat, HeartbeatReply, HostRegistration, Registered};
 
-use super::problem::{ApiError, Problem};
-use super::{bearer_sha256, ApiState};
+use super::problem::{ApiError, ErrorCode, Problem};
+use super::{bearer_sha256, ApiState, Json};
 use crate::actors::hosts::{HostHeartbeat, RegisterHost};
 
 /// A caller that presented the worker token.
@@ -29,14 +28,12 @@ impl FromRequest for WorkerCaller {
         let presented = bearer_sha256(request);
         let verdict = match (expected, presented) {
             (None, _) => Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "workers_disabled",
+                ErrorCode::WorkersDisabled,
                 "this arbiter takes no GPU hosts: start it with gpus = \"workers\" and a worker_token",
             )),
             (Some(expected), Some(presented)) if expected == presented => Ok(Self),
             _ => Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                ErrorCode::Unauthorized,
                 "send `Authorization: Bearer <worker token>` (the arbiter's worker_token, AGORA_WORKER_TOKEN)",
             )),
         };
@@ -67,11 +64,11 @@ impl FromRequest for WorkerCaller {
 pub async fn register(
     state: web::Data<ApiState>,
     _worker: WorkerCaller,
-    body: web::Json<HostRegistration>,
+    body: Json<HostRegistration>,
 ) -> Result<HttpResponse, ApiError> {
-    let registration = body.into_inner();
+    let Json(registration) = body;
     check_registration(&registration)
-        .map_err(|reason| ApiError::unprocessable("invalid_registration", reason))?;
+        .map_err(|reason| ApiError::new(ErrorCode::InvalidRegistration, reason))?;
     let registered = state.arbiter.send(RegisterHost { registration }).await??;
     Ok(HttpResponse::Ok().json(registered))
 }
@@ -103,13 +100,13 @@ pub async fn heartbeat(
     state: web::Data<ApiState>,
     _worker: WorkerCaller,
     host: web::Path<String>,
-    body: web::Json<Heartbeat>,
+    body: Json<Heartbeat>,
 ) -> Result<HttpResponse, ApiError> {
     let reply = state
         .arbiter
         .send(HostHeartbeat {
             host: host.into_inner(),
-            heartbeat: body.into_inner(),
+            heartbeat: body.0,
         })
         .await??;
     Ok(HttpResponse::Ok().json(reply))
