@@ -25,11 +25,9 @@ use crate::hosts::{Host, HostDirectory, HostError, HostSpec};
 use crate::lease::{Lease, LeaseBook, LeaseError, LeaseId};
 use crate::leftover::{LeftoverPolicy, Recipient};
 use crate::policy::Policy;
-use crate::progress::JobProgress;
 use crate::rho::RhoOld;
 use crate::round::{
-    decide_after, hand_out_leftovers, merge, offered_subset, run_round_auction, Grants,
-    RoundDecision, RoundInputs,
+    decide_round, decide_with, merge, offered_subset, Grants, RoundDecision, RoundInputs,
 };
 use crate::time::Timestamp;
 use crate::topology::{Cluster, GpuId, GpuIndex, GpuLocation};
@@ -113,8 +111,6 @@ pub enum MarketError {
     Topology(#[from] crate::topology::TopologyError),
     #[error(transparent)]
     Auction(#[from] AuctionError),
-    #[error(transparent)]
-    Progress(#[from] crate::progress::ProgressError),
 }
 
 /// An active app and what fairness needs to remember about it.
@@ -226,10 +222,6 @@ pub struct RoundOutcome {
     pub leftover_grants: BTreeMap<AppId, Vec<GpuId>>,
     /// Every allocation of the round, as leases.
     pub leases: Vec<Lease>,
-    /// Bidders that left the market before the round's leases were granted
-    /// ([`RoundInputs::departed`]).
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub departed: BTreeSet<AppId>,
 }
 
 /// A round decided by [`Market::decide_round`], waiting for [`Market::apply_round`].
@@ -260,7 +252,6 @@ impl RoundOutcome {
             claims: self.claims.clone(),
             bids: auction.bids.clone(),
             leftover_policy: self.leftover_policy,
-            departed: self.departed.clone(),
         })
     }
 }
@@ -731,35 +722,6 @@ impl Market {
         ))
     }
 
-    /// The rho `id` would reach after `progress` (applied as a report would be) holding `gpus`
-    /// (what it holds now when `None`): the same computation as its standing and its agent's
-    /// bids, on a copy; the market does not change. [`None`](Option::None) inside is starving.
-    pub fn projected_rho(
-        &self,
-        id: &AppId,
-        now: Timestamp,
-        progress: &[JobProgress],
-        gpus: Option<&[GpuIndex]>,
-    ) -> Result<RhoOld, MarketError> {
-        let participant = self
-            .participants
-            .get(id)
-            .ok_or_else(|| MarketError::UnknownApp(id.clone()))?;
-        let mut app = participant.app.clone();
-        app.apply_progress(progress)?;
-        let placed: Vec<GpuLocation> = match gpus {
-            Some(gpus) => {
-                let outside = gpus.iter().find(|gpu| gpu.get() >= self.cluster.len());
-                if let Some(&gpu) = outside {
-                    return Err(MarketError::GpuOutsideCluster(gpu));
-                }
-                gpus.iter().map(|&gpu| self.cluster.location(gpu)).collect()
-            }
-            None => self.held_locations(id),
-        };
-        Ok(rho(&app, &placed, &self.fairness_context(participant, now)))
-    }
-
     /// The GPUs `app` claims (its lease on them just ended) that are still free and healthy.
     fn live_claims(&self, app: &AppId) -> Vec<GpuIndex> {
         self.claims.get(app).map_or_else(Vec::new, |claimed| {
@@ -893,8 +855,7 @@ impl Market {
 
     /// Decides a round (the auction and its leftovers) without changing the market, so that a
     /// snapshot can decide it on another thread while the market goes on; [`Self::apply_round`]
-    /// then grants its leases. Bidders that left the market since the round opened are
-    /// withdrawn ([`RoundInputs::departed`]).
+    /// then grants its leases.
     pub fn decide_round(
         &self,
         round: RoundOffer,
@@ -903,7 +864,7 @@ impl Market {
     ) -> Result<DecidedRound, MarketError> {
         self.offered_indices(&round.offer.offer)?;
         let claims = self.offered_claims(&round.offer.offer);
-        let mut inputs = RoundInputs {
+        let inputs = RoundInputs {
             now: round.now,
             seed,
             offer: round.offer.offer,
@@ -913,54 +874,30 @@ impl Market {
             standings: round.standings,
             bids,
             leftover_policy: self.config.leftover_policy,
-            departed: BTreeSet::new(),
         };
-        inputs.departed = self.departed_from(&inputs);
-        let auction = run_round_auction(&inputs)?;
-        let decision = self.hand_out_leftovers(&inputs, auction)?;
+        let decision = match inputs.leftover_policy {
+            LeftoverPolicy::WorstFirst | LeftoverPolicy::RandomToNonBidders => {
+                decide_round(&inputs)?
+            }
+            LeftoverPolicy::ReauctionNextWorst => decide_with(&inputs, |leftover, non_bidders| {
+                self.reauction(&inputs, non_bidders, leftover)
+            })?,
+        };
         Ok(DecidedRound { inputs, decision })
     }
 
-    /// The round's apps (invited or standing) that are no longer in the market.
-    fn departed_from(&self, inputs: &RoundInputs) -> BTreeSet<AppId> {
-        inputs
-            .bidders
-            .iter()
-            .chain(inputs.standings.iter().map(|standing| &standing.app))
-            .filter(|app| !self.participants.contains_key(*app))
-            .cloned()
-            .collect()
-    }
-
-    fn hand_out_leftovers(
-        &self,
-        inputs: &RoundInputs,
-        auction: AuctionOutcome,
-    ) -> Result<RoundDecision, MarketError> {
-        match inputs.leftover_policy {
-            LeftoverPolicy::ReauctionNextWorst => {
-                decide_after(inputs, auction, |leftover, non_bidders| {
-                    self.reauction(inputs, non_bidders, leftover)
-                })
-            }
-            _ => hand_out_leftovers(inputs, auction),
-        }
-    }
-
-    /// Grants a decided round's leases. An app that left the market since the snapshot that
-    /// decided the round is withdrawn: its GPUs are handed out again with the leftovers (the
-    /// auction stands). If an offered GPU changed hands or left service meanwhile, the round
-    /// fails ([`MarketError::StaleOffer`]) and nothing changes.
+    /// Grants a decided round's leases. If, since the snapshot that decided it, an offered GPU
+    /// changed hands or left service, or an app that won GPUs left the market, the round fails
+    /// ([`MarketError::StaleOffer`], [`MarketError::UnknownApp`]) and nothing changes.
     pub fn apply_round(&mut self, decided: DecidedRound) -> Result<RoundOutcome, MarketError> {
-        let DecidedRound {
-            mut inputs,
-            mut decision,
-        } = decided;
+        let DecidedRound { inputs, decision } = decided;
         let offered = self.offered_indices(&inputs.offer)?;
-        let departed = self.departed_from(&inputs);
-        if departed != inputs.departed {
-            inputs.departed = departed;
-            decision = self.hand_out_leftovers(&inputs, decision.auction)?;
+        let departed = decision
+            .grants
+            .iter()
+            .find(|(app, gpus)| !gpus.is_empty() && !self.participants.contains_key(*app));
+        if let Some((app, _)) = departed {
+            return Err(MarketError::UnknownApp(app.clone()));
         }
         let leases = self.grant_leases(&decision.grants, &offered, inputs.now)?;
         self.consume_claims(offered.values().copied());
@@ -980,7 +917,6 @@ impl Market {
             }),
             leftover_grants: decision.leftover_grants,
             leases,
-            departed: inputs.departed,
         })
     }
 
@@ -1058,7 +994,6 @@ impl Market {
                     auction: None,
                     leftover_grants: BTreeMap::new(),
                     leases,
-                    departed: BTreeSet::new(),
                 }),
         )
     }

@@ -2,7 +2,7 @@
 //! can be stored: the live service records every round's [`RoundInputs`], and an auditor
 //! recomputes ("replays") the decision with [`decide_round`].
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -37,11 +37,6 @@ pub struct RoundInputs {
     pub claims: BTreeMap<AppId, Vec<GpuId>>,
     pub bids: Vec<AppBid>,
     pub leftover_policy: LeftoverPolicy,
-    /// Apps that left the market after the round opened, before its leases were granted. The
-    /// round goes on without them: they keep nothing (their bid is withdrawn from the outcome),
-    /// the GPUs the auction gave them are re-offered with the leftovers, and they get none.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub departed: BTreeSet<AppId>,
 }
 
 /// What a round decided, before any lease is granted.
@@ -59,12 +54,24 @@ pub struct RoundDecision {
 /// Fails on a bid from an app that was not invited, on invalid bids, and on the re-auction
 /// leftover policy, whose leftover bids come from the engine's agents rather than the inputs.
 pub fn decide_round(inputs: &RoundInputs) -> Result<RoundDecision, MarketError> {
-    hand_out_leftovers(inputs, run_round_auction(inputs)?)
+    match inputs.leftover_policy {
+        LeftoverPolicy::WorstFirst => decide_with(inputs, |leftover, non_bidders| {
+            Ok(hand_out_in_order(leftover, &non_bidders))
+        }),
+        LeftoverPolicy::RandomToNonBidders => decide_with(inputs, |leftover, non_bidders| {
+            let mut rng = ChaCha8Rng::seed_from_u64(inputs.seed ^ LEFTOVER_STREAM);
+            Ok(hand_out_at_random(leftover, non_bidders, &mut rng))
+        }),
+        LeftoverPolicy::ReauctionNextWorst => Err(MarketError::ReauctionNotReplayable),
+    }
 }
 
-/// The round's auction, over every bid it counted (a departed app's included: its share is
-/// re-offered afterwards, see [`RoundInputs::departed`]).
-pub(crate) fn run_round_auction(inputs: &RoundInputs) -> Result<AuctionOutcome, MarketError> {
+/// The decision, with the leftover policy's step (handing `leftover` out to the non-bidders
+/// that still want GPUs, worst rho first) supplied by the caller.
+pub(crate) fn decide_with(
+    inputs: &RoundInputs,
+    hand_out_by_policy: impl FnOnce(&mut Vec<OfferedGpu>, Vec<Recipient>) -> Result<Grants, MarketError>,
+) -> Result<RoundDecision, MarketError> {
     if let Some(bid) = inputs
         .bids
         .iter()
@@ -72,37 +79,7 @@ pub(crate) fn run_round_auction(inputs: &RoundInputs) -> Result<AuctionOutcome, 
     {
         return Err(MarketError::NotABidder(bid.app.clone()));
     }
-    Ok(run_auction(&inputs.offer, &inputs.bids, inputs.seed)?)
-}
-
-/// The decision that follows `auction` under the inputs' leftover policy.
-pub(crate) fn hand_out_leftovers(
-    inputs: &RoundInputs,
-    auction: AuctionOutcome,
-) -> Result<RoundDecision, MarketError> {
-    match inputs.leftover_policy {
-        LeftoverPolicy::WorstFirst => decide_after(inputs, auction, |leftover, non_bidders| {
-            Ok(hand_out_in_order(leftover, &non_bidders))
-        }),
-        LeftoverPolicy::RandomToNonBidders => {
-            decide_after(inputs, auction, |leftover, non_bidders| {
-                let mut rng = ChaCha8Rng::seed_from_u64(inputs.seed ^ LEFTOVER_STREAM);
-                Ok(hand_out_at_random(leftover, non_bidders, &mut rng))
-            })
-        }
-        LeftoverPolicy::ReauctionNextWorst => Err(MarketError::ReauctionNotReplayable),
-    }
-}
-
-/// The decision after the auction: departed apps' GPUs join the leftovers, which the leftover
-/// policy's step (handing `leftover` out to the non-bidders that still want GPUs, worst rho
-/// first), supplied by the caller, and then the sweep hand out.
-pub(crate) fn decide_after(
-    inputs: &RoundInputs,
-    mut auction: AuctionOutcome,
-    hand_out_by_policy: impl FnOnce(&mut Vec<OfferedGpu>, Vec<Recipient>) -> Result<Grants, MarketError>,
-) -> Result<RoundDecision, MarketError> {
-    withdraw_departed(&mut auction, &inputs.offer, &inputs.departed);
+    let auction = run_auction(&inputs.offer, &inputs.bids, inputs.seed)?;
     let mut leftover = offered_subset(&inputs.offer, &auction.unallocated);
     let mut grants: Grants = auction
         .allocation
@@ -123,26 +100,6 @@ pub(crate) fn decide_after(
     })
 }
 
-/// Departed apps keep nothing from the auction: their GPUs become unallocated, in offer order
-/// (so withdrawing apps one at a time or all at once gives the same outcome).
-fn withdraw_departed(auction: &mut AuctionOutcome, offer: &Offer, departed: &BTreeSet<AppId>) {
-    let mut freed: HashSet<GpuId> = auction.unallocated.iter().cloned().collect();
-    let mut withdrew = false;
-    for app in departed {
-        if let Some(gpus) = auction.allocation.get_mut(app) {
-            withdrew |= !gpus.is_empty();
-            freed.extend(gpus.drain(..));
-        }
-    }
-    if withdrew {
-        auction.unallocated = offer
-            .ids()
-            .filter(|gpu| freed.contains(*gpu))
-            .cloned()
-            .collect();
-    }
-}
-
 /// Apps chosen by `eligible` that still want GPUs after `grants`, worst rho first.
 fn recipients(
     inputs: &RoundInputs,
@@ -152,7 +109,7 @@ fn recipients(
     inputs
         .standings
         .iter()
-        .filter(|standing| eligible(&standing.app) && !inputs.departed.contains(&standing.app))
+        .filter(|standing| eligible(&standing.app))
         .filter_map(|standing| {
             let got = grants.get(&standing.app).map_or(0, Vec::len);
             let unmet_demand = standing.unmet_demand.saturating_sub(got);
@@ -242,7 +199,6 @@ mod tests {
             claims: BTreeMap::new(),
             bids: vec![bid("a", 1.0), bid("b", 1.5)],
             leftover_policy: LeftoverPolicy::RandomToNonBidders,
-            departed: BTreeSet::new(),
         }
     }
 

@@ -98,7 +98,6 @@ fn inputs_of(stored: &StoredRound) -> anyhow::Result<RoundInputs> {
             .map(app_bid)
             .collect::<anyhow::Result<_>>()?,
         leftover_policy,
-        departed: stored.departed.iter().map(|&app| app_id(app)).collect(),
     })
 }
 

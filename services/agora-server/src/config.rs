@@ -30,26 +30,12 @@ pub struct ServerConfig {
     /// Themis's f: the worst (1 - f) fraction of apps by rho bid in each round.
     pub fairness_knob: f64,
     pub lease_seconds: u64,
-    /// The bid window: how long a round takes bids once it opens (`AGORA_ROUND_DEADLINE_MS`).
-    /// A round closes earlier once every bidder has bid. Frameworks read the open round's
-    /// deadline from its offer event or `GET /v1/rounds/current`.
+    /// How long bidders have to bid once a round opens.
     pub round_deadline_ms: u64,
     /// Notice given before a lease is revoked (a GPU drained), so jobs can checkpoint.
     pub revocation_grace_seconds: u64,
     /// How often the lease manager reads the clock for due timers.
     pub tick_ms: u64,
-    /// The longest an auditor's statement may run (members of `agora_auditor`); the arbiter
-    /// cancels it then, whatever `statement_timeout` the auditor set.
-    pub auditor_statement_timeout_ms: u64,
-}
-
-/// The value of environment variable `name`, a whole number of `unit`.
-fn whole_number(name: &'static str, value: String, unit: &str) -> Result<u64, ConfigError> {
-    value.parse().map_err(|_| ConfigError::Env {
-        name,
-        value,
-        reason: format!("expected a whole number of {unit}"),
-    })
 }
 
 impl Default for ServerConfig {
@@ -67,7 +53,6 @@ impl Default for ServerConfig {
             round_deadline_ms: 2_000,
             revocation_grace_seconds: 30,
             tick_ms: 100,
-            auditor_statement_timeout_ms: 60_000,
         }
     }
 }
@@ -129,8 +114,7 @@ impl ServerConfig {
     }
 
     /// `DATABASE_URL`, `AGORA_LISTEN`, `AGORA_ADMIN_TOKEN`, `AGORA_FLEET`,
-    /// `AGORA_LEASE_SECONDS`, `AGORA_ROUND_DEADLINE_MS`, `AGORA_GPUS` and `AGORA_WORKER_TOKEN`
-    /// override the file.
+    /// `AGORA_LEASE_SECONDS`, `AGORA_GPUS` and `AGORA_WORKER_TOKEN` override the file.
     fn apply_environment(
         &mut self,
         env: impl Fn(&str) -> Option<String>,
@@ -164,11 +148,11 @@ impl ServerConfig {
             };
         }
         if let Some(value) = env("AGORA_LEASE_SECONDS") {
-            self.lease_seconds = whole_number("AGORA_LEASE_SECONDS", value, "seconds")?;
-        }
-        if let Some(value) = env("AGORA_ROUND_DEADLINE_MS") {
-            self.round_deadline_ms =
-                whole_number("AGORA_ROUND_DEADLINE_MS", value, "milliseconds")?;
+            self.lease_seconds = value.parse().map_err(|_| ConfigError::Env {
+                name: "AGORA_LEASE_SECONDS",
+                value,
+                reason: "expected a whole number of seconds".to_owned(),
+            })?;
         }
         Ok(())
     }
@@ -184,10 +168,6 @@ impl ServerConfig {
             ("lease_seconds", self.lease_seconds),
             ("round_deadline_ms", self.round_deadline_ms),
             ("tick_ms", self.tick_ms),
-            (
-                "auditor_statement_timeout_ms",
-                self.auditor_statement_timeout_ms,
-            ),
             ("heartbeat_interval_ms", self.heartbeat_interval_ms),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
@@ -234,10 +214,6 @@ impl ServerConfig {
         Duration::from_millis(self.round_deadline_ms)
     }
 
-    pub fn auditor_statement_timeout(&self) -> Duration {
-        Duration::from_millis(self.auditor_statement_timeout_ms)
-    }
-
     pub fn revocation_grace(&self) -> Duration {
         Duration::from_secs(self.revocation_grace_seconds)
     }
@@ -266,13 +242,11 @@ mod tests {
         let env = |name: &str| match name {
             "DATABASE_URL" => Some("postgres://db/agora".to_owned()),
             "AGORA_LEASE_SECONDS" => Some("30".to_owned()),
-            "AGORA_ROUND_DEADLINE_MS" => Some("500".to_owned()),
             _ => None,
         };
         let config = ServerConfig::load(None, env).expect("valid");
         assert_eq!(config.database_url, "postgres://db/agora");
         assert_eq!(config.lease_seconds, 30);
-        assert_eq!(config.round_deadline(), Duration::from_millis(500));
         assert_eq!(config.listen, ServerConfig::default().listen);
     }
 

@@ -8,7 +8,6 @@ pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod metrics;
-pub mod names;
 pub mod notices;
 pub mod server;
 pub mod store;

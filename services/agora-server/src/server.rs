@@ -41,8 +41,6 @@ pub struct Running {
     failure: oneshot::Receiver<String>,
     /// Listens to token changes for the API's token memory.
     token_changes: JoinHandle<()>,
-    /// Cancels auditors' statements that run too long.
-    auditor_limit: JoinHandle<()>,
 }
 
 impl Running {
@@ -50,7 +48,6 @@ impl Running {
     pub async fn stop(&self) {
         self.http.stop(true).await;
         self.token_changes.abort();
-        self.auditor_limit.abort();
         self.arbiter.do_send(crate::actors::Shutdown);
     }
 
@@ -97,10 +94,6 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
         tokens: Arc::default(),
     };
     let token_changes = actix_web::rt::spawn(state.tokens.clone().follow_changes(store.clone()));
-    let auditor_limit = actix_web::rt::spawn(limit_auditor_statements(
-        store.clone(),
-        config.auditor_statement_timeout(),
-    ));
     let http = HttpServer::new(move || {
         HttpApp::new()
             .app_data(web::Data::new(state.clone()))
@@ -131,27 +124,7 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
         store,
         failure,
         token_changes,
-        auditor_limit,
     })
-}
-
-/// Checks auditors' statements four times per `limit`, so none runs much past it.
-async fn limit_auditor_statements(store: Store, limit: std::time::Duration) {
-    let mut checks = tokio::time::interval((limit / 4).max(std::time::Duration::from_millis(10)));
-    loop {
-        checks.tick().await;
-        match store.cancel_long_auditor_statements(limit).await {
-            Ok(0) => {}
-            Ok(cancelled) => tracing::warn!(
-                cancelled,
-                ?limit,
-                "auditor statements cancelled: they ran past auditor_statement_timeout_ms"
-            ),
-            Err(error) => {
-                tracing::warn!(%error, "cannot check auditors' statements (the arbiter's role needs pg_signal_backend)")
-            }
-        }
-    }
 }
 
 /// The engine's state as the database recorded it: GPU hosts, active apps, active leases,

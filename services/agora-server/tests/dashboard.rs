@@ -168,7 +168,7 @@ async fn an_apps_rho_history_and_rounds_are_shown_to_its_tenant_only() {
         let (status, body) = service.call("GET", &path, &market.speech, None).await;
         assert_eq!(
             (status, body["code"].as_str()),
-            (404, Some("not_found")),
+            (403, Some("foreign_app")),
             "{path}"
         );
     }

@@ -10,8 +10,6 @@ use agora_market::leftover::LeftoverPolicy;
 use agora_market::market::{
     AuctionRecord, Market, MarketConfig, MarketError, RoundOffer, RoundOutcome,
 };
-use agora_market::progress::JobProgress;
-use agora_market::round::decide_round;
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, GpuIndex, Locality};
 use proptest::prelude::*;
@@ -285,60 +283,17 @@ fn a_round_decided_on_a_snapshot_applies_as_if_closed_at_once() {
 }
 
 #[test]
-fn a_winner_that_leaves_while_its_round_is_decided_is_withdrawn_and_its_gpu_re_offered() {
+fn a_round_whose_winner_left_while_it_was_decided_changes_nothing() {
     let (mut market, round, bids) = decided_on_a_snapshot();
     let decided = market.decide_round(round, bids, 7).expect("valid round");
     market
         .remove_app(&AppId::from("a"), Timestamp(1))
         .expect("known app");
-    let outcome = market
-        .apply_round(decided)
-        .expect("the round goes on without the departed app");
-    assert_eq!(outcome.departed, [AppId::from("a")].into());
-    let auction = &outcome.auction.as_ref().expect("a Themis round").outcome;
-    assert!(auction.allocation[&AppId::from("a")].is_empty());
-    assert!(held(&market, "a").is_empty());
-    assert_eq!(held(&market, "b").len(), 1, "b keeps its own GPU");
-    // The departed app's GPU was re-offered; b wants one GPU only, so it stays free.
-    assert_eq!(market.free_gpus().len(), 1);
-    // The recorded inputs replay to the same decision.
-    let inputs = outcome.inputs().expect("a Themis round");
-    let replayed = decide_round(&inputs).expect("valid inputs");
-    assert_eq!(&replayed.auction, auction);
-    assert_eq!(replayed.leftover_grants, outcome.leftover_grants);
-}
-
-#[test]
-fn a_bidder_that_left_before_its_round_closed_is_withdrawn_and_its_share_goes_to_others() {
-    let mut market = market(uniform_cluster(1, 1, 1, 2), 0.0);
-    market
-        .add_app(single_job_app("a", 1, 100, 1.0), Timestamp(0))
-        .expect("new app");
-    market
-        .add_app(single_job_app("b", 2, 100, 1.0), Timestamp(0))
-        .expect("new app");
-    let round = market.open_round(Timestamp(0)).expect("offer");
-    let bids: Vec<AppBid> = round
-        .bidders
-        .iter()
-        .map(|app| market.agent_bid(&round, app).expect("known app"))
-        .collect();
-    market
-        .remove_app(&AppId::from("a"), Timestamp(1))
-        .expect("known app");
-    let outcome = market
-        .close_round(round, bids, 7)
-        .expect("the round goes on");
-    assert_eq!(outcome.departed, [AppId::from("a")].into());
-    assert!(held(&market, "a").is_empty());
     assert_eq!(
-        held(&market, "b").len(),
-        2,
-        "b gets a's share as a leftover"
+        market.apply_round(decided),
+        Err(MarketError::UnknownApp(AppId::from("a")))
     );
-    let inputs = outcome.inputs().expect("a Themis round");
-    let replayed = decide_round(&inputs).expect("valid inputs");
-    assert_eq!(replayed.leftover_grants, outcome.leftover_grants);
+    assert_eq!(market.leases().active().count(), 0);
 }
 
 #[test]
@@ -539,45 +494,4 @@ proptest! {
             Ok(())
         })?;
     }
-}
-
-#[test]
-fn projected_rho_is_the_current_rho_without_changes_and_follows_progress_and_gpus() {
-    let mut market = market(uniform_cluster(1, 1, 1, 2), 0.0);
-    market
-        .add_app(single_job_app("a", 2, 100, 1.0), Timestamp(0))
-        .expect("new app");
-    let a = AppId::from("a");
-    let now = Timestamp(1_000);
-    let current = market.current_rho(&a, now).expect("active app");
-    assert_eq!(market.projected_rho(&a, now, &[], None), Ok(current));
-    assert_eq!(current, None, "holding nothing, the app is starving");
-    let both = [GpuIndex(0), GpuIndex(1)];
-    let with_two = market
-        .projected_rho(&a, now, &[], Some(&both))
-        .expect("valid projection")
-        .expect("a finite rho with GPUs");
-    let half_done = [JobProgress {
-        job: "a-job".to_owned(),
-        completed_iterations: 50,
-        stopped: false,
-        observed: None,
-    }];
-    let with_progress = market
-        .projected_rho(&a, now, &half_done, Some(&both))
-        .expect("valid projection")
-        .expect("a finite rho with GPUs");
-    assert!(
-        with_progress.get() < with_two.get(),
-        "{with_progress:?} < {with_two:?}"
-    );
-    assert_eq!(
-        market.current_rho(&a, now),
-        Some(current),
-        "nothing changed"
-    );
-    assert!(matches!(
-        market.projected_rho(&a, now, &[], Some(&[GpuIndex(9)])),
-        Err(MarketError::GpuOutsideCluster(_))
-    ));
 }

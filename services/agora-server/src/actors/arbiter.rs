@@ -76,14 +76,14 @@ pub(super) struct PendingRound {
 }
 
 impl PendingRound {
-    /// Every bidder still in the market has its final bid: no need to wait for the deadline.
-    /// A bidder that left is withdrawn from the round (the engine re-offers its share).
+    /// Every bidder has its final bid: no need to wait for the deadline.
     fn complete(&self, members: &HashMap<AppId, Member>) -> bool {
         self.offer.bidders.iter().all(|app| {
-            members.get(app).is_none_or(|member| {
-                self.framework_bids.contains_key(app)
-                    || (self.agent_bids.contains_key(app) && member.bidding == Bidding::Agent)
-            })
+            self.framework_bids.contains_key(app)
+                || (self.agent_bids.contains_key(app)
+                    && members
+                        .get(app)
+                        .is_none_or(|member| member.bidding == Bidding::Agent))
         })
     }
 }

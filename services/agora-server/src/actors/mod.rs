@@ -46,8 +46,6 @@ pub enum ArbiterError {
     InvalidBid(#[from] AuctionError),
     #[error("app {app} already bid in round {round}; a bid cannot be replaced (a retry with the same Idempotency-Key returns the first answer)")]
     AlreadyBid { app: i64, round: i64 },
-    #[error("app {app} already bid in round {round} with this Idempotency-Key, and that bid was a different request; a retry must send the same bid (use a new key for a new bid)")]
-    IdempotencyKeyReused { app: i64, round: i64 },
     #[error("lease {0} is not active (it ended, or it does not exist)")]
     LeaseNotActive(i64),
     #[error("GPU {0:?} is not in the cluster")]
@@ -56,8 +54,6 @@ pub enum ArbiterError {
     UnknownHost(String),
     #[error("invalid registration: {0}")]
     InvalidRegistration(String),
-    #[error("invalid projection: {0}")]
-    InvalidProjection(String),
     #[error("invalid heartbeat: {0}")]
     InvalidHeartbeat(String),
     #[error(transparent)]

@@ -156,11 +156,6 @@ pub fn closed_round(
             closed_at: now,
             holds: to_json(&outcome.holds)?,
             claims: to_json(&outcome.claims)?,
-            departed: outcome
-                .departed
-                .iter()
-                .map(app_key)
-                .collect::<Result<_, _>>()?,
             agent_bids,
             allocations,
             unallocated,

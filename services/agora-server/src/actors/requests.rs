@@ -5,7 +5,7 @@ use actix::prelude::*;
 use agora_market::app::{App, AppId, AppKind};
 use agora_market::auction::{validate_bid, AppBid};
 use agora_market::lease::LeaseId;
-use agora_market::market::{MarketError, Withdrawal};
+use agora_market::market::Withdrawal;
 use agora_market::progress::JobProgress;
 use agora_market::time::Timestamp;
 use agora_market::topology::GpuIndex;
@@ -21,7 +21,7 @@ use super::records;
 use super::ArbiterError;
 use crate::clock::to_datetime;
 use crate::store::{
-    app_id, app_key, bid_fingerprint, BidInsert, Commit, NewApp, NewBid, ProgressSample, StoreError,
+    app_id, app_key, BidInsert, Commit, NewApp, NewBid, ProgressSample, StoreError,
 };
 
 fn refuse<T: 'static>(error: ArbiterError) -> Reply<T> {
@@ -66,8 +66,10 @@ impl Handler<RegisterApp> for Arbiter {
 
 impl Arbiter {
     fn register(&mut self, request: RegisterApp) -> Reply<i64> {
-        if let Err(reason) = crate::names::check_name("name", &request.name) {
-            return refuse(ArbiterError::InvalidApp(reason));
+        if request.name.trim().is_empty() || request.name.len() > 200 {
+            return refuse(ArbiterError::InvalidApp(
+                "name must be 1 to 200 characters".to_owned(),
+            ));
         }
         let probe = App {
             id: AppId::from("new"),
@@ -245,10 +247,10 @@ impl Arbiter {
             Ok(staged) => staged,
             Err(error) => return refuse(error),
         };
-        self.commit(commit, ctx, move |arbiter, ctx| {
+        self.commit(commit, ctx, move |arbiter, _| {
             arbiter.market = next;
             if finished {
-                arbiter.depart(&id, ctx);
+                arbiter.members.remove(&id);
             }
             ProgressAck { finished }
         })
@@ -270,13 +272,6 @@ impl Arbiter {
         let mut commit = records::ended_leases(&self.market, &released, Some("the app finished"))?;
         commit.finished_apps.push(key);
         Ok(commit)
-    }
-
-    /// The app left the market: a round it was invited to goes on without it, and closes now
-    /// if it was the last bidder the round waited for.
-    fn depart(&mut self, id: &AppId, ctx: &mut Context<Self>) {
-        self.members.remove(id);
-        self.close_round_if_due(ctx);
     }
 }
 
@@ -301,9 +296,9 @@ impl Handler<FinishApp> for Arbiter {
             Ok((next, commit, id))
         })();
         match staged {
-            Ok((next, commit, id)) => self.commit(commit, ctx, move |arbiter, ctx| {
+            Ok((next, commit, id)) => self.commit(commit, ctx, move |arbiter, _| {
                 arbiter.market = next;
-                arbiter.depart(&id, ctx);
+                arbiter.members.remove(&id);
             }),
             Err(error) => refuse(error),
         }
@@ -354,15 +349,9 @@ impl Handler<SubmitBid> for Arbiter {
                         else {
                             return Err(refusal);
                         };
-                        let fingerprint = bid_fingerprint(&request.bid);
-                        match writer.bid_with_key(round, app, key, fingerprint).await? {
-                            Some(BidInsert::Replayed(bid_id)) => {
-                                Ok(BidAck::replayed(bid_id, round))
-                            }
-                            Some(BidInsert::KeyReused) => {
-                                Err(ArbiterError::IdempotencyKeyReused { app, round })
-                            }
-                            _ => Err(refusal),
+                        match writer.bid_with_key(round, app, key).await? {
+                            Some(bid_id) => Ok(BidAck::replayed(bid_id, round)),
+                            None => Err(refusal),
                         }
                     }
                     .instrument(span),
@@ -399,7 +388,6 @@ impl Handler<SubmitBid> for Arbiter {
                     }),
                     BidInsert::Replayed(bid_id) => Ok(BidAck::replayed(bid_id, round)),
                     BidInsert::AlreadyBid => Err(ArbiterError::AlreadyBid { app, round }),
-                    BidInsert::KeyReused => Err(ArbiterError::IdempotencyKeyReused { app, round }),
                 }
             }
             .instrument(tracing::info_span!(parent: &span, "persistence")),
@@ -500,9 +488,7 @@ impl Handler<ReleaseLease> for Arbiter {
                 .leases()
                 .get(id)
                 .ok_or(ArbiterError::LeaseNotActive(request.lease))?;
-            // Another tenant's lease is answered as a missing one.
-            self.authorize(request.tenant, app_key(&lease.app)?)
-                .map_err(|_| ArbiterError::LeaseNotActive(request.lease))?;
+            self.authorize(request.tenant, app_key(&lease.app)?)?;
             let mut next = self.market.clone();
             let released = next
                 .release_lease(id, self.now())
@@ -685,130 +671,6 @@ impl Handler<StandingOf> for Arbiter {
             position,
             active_apps: standings.len(),
             bidders_per_round: self.market.config().bidders_per_round(standings.len()),
-        })
-    }
-}
-
-/// An app's rho now and as projected, computed by the engine exactly as for its standing and
-/// its agent's bids.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct RhoProjection {
-    pub app: i64,
-    /// rho holding what it holds now, at its reported progress; `null` while it holds no GPU
-    /// (starving).
-    pub current: Option<f64>,
-    /// rho after the given progress, holding the given GPUs (or what it holds); `null` when
-    /// that is no GPU.
-    pub projected: Option<f64>,
-}
-
-/// What-if for an app's rho: `progress` applied as a report would be (nothing is stored) and
-/// `gpus` held instead of its leases.
-#[derive(Debug, Message)]
-#[rtype(result = "Result<RhoProjection, ArbiterError>")]
-pub struct ProjectRho {
-    pub tenant: Option<i64>,
-    pub app: i64,
-    pub progress: Vec<JobProgress>,
-    pub gpus: Option<Vec<String>>,
-}
-
-impl Handler<ProjectRho> for Arbiter {
-    type Result = Result<RhoProjection, ArbiterError>;
-
-    fn handle(&mut self, request: ProjectRho, _: &mut Self::Context) -> Self::Result {
-        let id = self.authorize(request.tenant, request.app)?;
-        let gpus = request
-            .gpus
-            .map(|gpus| self.gpu_indices(&gpus))
-            .transpose()?;
-        let now = self.now();
-        let current = self
-            .market
-            .current_rho(&id, now)
-            .ok_or(ArbiterError::AppNotActive(request.app))?;
-        let projected = self
-            .market
-            .projected_rho(&id, now, &request.progress, gpus.as_deref())
-            .map_err(|error| match error {
-                MarketError::Progress(error) => ArbiterError::Progress(error),
-                other => ArbiterError::Internal(other.to_string()),
-            })?;
-        Ok(RhoProjection {
-            app: request.app,
-            current: current.map(f64::from),
-            projected: projected.map(f64::from),
-        })
-    }
-}
-
-impl Arbiter {
-    /// The cluster's GPUs named `ids`, each once.
-    fn gpu_indices(&self, ids: &[String]) -> Result<Vec<GpuIndex>, ArbiterError> {
-        let mut indices = Vec::with_capacity(ids.len());
-        for id in ids {
-            let index = self
-                .market
-                .cluster()
-                .index_of(&agora_market::topology::GpuId(id.clone()))
-                .ok_or_else(|| {
-                    ArbiterError::InvalidProjection(format!("gpus: {id:?} is not in the cluster"))
-                })?;
-            if indices.contains(&index) {
-                return Err(ArbiterError::InvalidProjection(format!(
-                    "gpus: {id:?} is named twice"
-                )));
-            }
-            indices.push(index);
-        }
-        Ok(indices)
-    }
-}
-
-/// Where the round cycle is now: what a bidder needs to know about the bid window.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct CurrentRound {
-    /// The round taking bids or being decided; `null` when none is.
-    pub round: Option<i64>,
-    pub phase: RoundPhase,
-    /// When the round stops taking bids; `null` unless collecting bids.
-    pub deadline: Option<chrono::DateTime<chrono::Utc>>,
-    /// How long each round takes bids (the `round_deadline_ms` setting).
-    pub bid_window_ms: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RoundPhase {
-    /// No round: nothing is free, or nobody wants more GPUs.
-    Idle,
-    CollectingBids,
-    /// Closed to bids; its auction is being decided.
-    Deciding,
-}
-
-#[derive(Debug, Message)]
-#[rtype(result = "CurrentRound")]
-pub struct CurrentRoundOf;
-
-impl Handler<CurrentRoundOf> for Arbiter {
-    type Result = MessageResult<CurrentRoundOf>;
-
-    fn handle(&mut self, _: CurrentRoundOf, _: &mut Self::Context) -> Self::Result {
-        let (round, phase, deadline) = match &self.round {
-            RoundState::Idle => (None, RoundPhase::Idle, None),
-            RoundState::Open(round) => (
-                Some(round.id),
-                RoundPhase::CollectingBids,
-                Some(to_datetime(round.deadline)),
-            ),
-            RoundState::Deciding => (Some(self.next_round - 1), RoundPhase::Deciding, None),
-        };
-        MessageResult(CurrentRound {
-            round,
-            phase,
-            deadline,
-            bid_window_ms: self.settings.round_deadline.as_millis() as u64,
         })
     }
 }

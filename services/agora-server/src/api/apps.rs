@@ -7,12 +7,11 @@ use agora_protocol::Enforcement;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::problem::{ApiError, ErrorCode, Problem};
-use super::{authorized_app, owned_app, ApiState, Caller, Json};
+use super::problem::{ApiError, Problem};
+use super::{authorized_app, owned_app, ApiState, Caller};
 use crate::actors::agent::Bidding;
 use crate::actors::requests::{
-    AppStanding, FinishApp, ProgressAck, ProjectRho, RegisterApp, ReportProgress, RhoProjection,
-    StandingOf,
+    AppStanding, FinishApp, ProgressAck, RegisterApp, ReportProgress, StandingOf,
 };
 use crate::store::{AppRow, LeaseView};
 
@@ -35,7 +34,7 @@ pub struct RegisterBody {
     pub bidding: String,
     /// The search: `single_job`, `successive_halving` or `performance_curve`, with its jobs
     /// (the engine's app format, `docs/simulator-inputs.md`).
-    #[schema(value_type = super::schemas::AppKindSchema)]
+    #[schema(value_type = Object)]
     pub app: AppKind,
     /// How GPU hosts enforce the app's leases: `{"mode": "watch"}` (default: the app runs its
     /// jobs; the worker reports foreign processes on leased GPUs) or `{"mode": "launch",
@@ -61,15 +60,12 @@ fn default_bidding() -> String {
 pub async fn register_app(
     state: web::Data<ApiState>,
     caller: Caller,
-    body: Json<RegisterBody>,
+    body: web::Json<RegisterBody>,
 ) -> Result<HttpResponse, ApiError> {
     let tenant = caller.require_tenant()?;
-    let Json(body) = body;
+    let body = body.into_inner();
     let bidding = Bidding::parse(&body.bidding).ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::InvalidApp,
-            "bidding must be `agent` or `explicit`",
-        )
+        ApiError::unprocessable("invalid_app", "bidding must be `agent` or `explicit`")
     })?;
     let id = state
         .arbiter
@@ -86,18 +82,19 @@ pub async fn register_app(
     Ok(HttpResponse::Created().json(row))
 }
 
-/// The calling tenant's apps, finished ones included; the admin sees every tenant's.
+/// The calling tenant's apps, finished ones included.
 #[utoipa::path(get, path = "/v1/apps", responses((status = 200, body = Vec<AppRow>)))]
 #[get("/v1/apps")]
 pub async fn list_apps(
     state: web::Data<ApiState>,
     caller: Caller,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(state.store.apps_of(caller.tenant()).await?))
+    let tenant = caller.require_tenant()?;
+    Ok(HttpResponse::Ok().json(state.store.apps_of(tenant).await?))
 }
 
 #[utoipa::path(get, path = "/v1/apps/{app}", params(("app" = i64, Path)),
-    responses((status = 200, body = AppRow)))]
+    responses((status = 200, body = AppRow), (status = 403, body = Problem), (status = 404, body = Problem)))]
 #[get("/v1/apps/{app}")]
 pub async fn get_app(
     state: web::Data<ApiState>,
@@ -112,7 +109,7 @@ pub async fn get_app(
 #[schema(example = json!({"jobs": [{"job": "trial-0", "completed_iterations": 120,
     "observed": {"locality": "same_machine", "gpus": 2, "seconds_per_iteration": 0.27}}]}))]
 pub struct ProgressBody {
-    #[schema(value_type = Vec<super::schemas::JobProgressSchema>)]
+    #[schema(value_type = Vec<Object>)]
     pub jobs: Vec<JobProgress>,
 }
 
@@ -120,14 +117,13 @@ pub struct ProgressBody {
 /// with nothing left to run finishes.
 #[utoipa::path(post, path = "/v1/apps/{app}/progress", params(("app" = i64, Path)),
     request_body = ProgressBody,
-    responses((status = 200, body = ProgressAck), (status = 409, body = Problem),
-              (status = 422, body = Problem)))]
+    responses((status = 200, body = ProgressAck), (status = 422, body = Problem)))]
 #[post("/v1/apps/{app}/progress")]
 pub async fn report_progress(
     state: web::Data<ApiState>,
     caller: Caller,
     app: web::Path<i64>,
-    body: Json<ProgressBody>,
+    body: web::Json<ProgressBody>,
 ) -> Result<HttpResponse, ApiError> {
     owned_app(&state, caller, *app).await?;
     let ack = state
@@ -135,7 +131,7 @@ pub async fn report_progress(
         .send(ReportProgress {
             tenant: caller.tenant(),
             app: *app,
-            jobs: body.0.jobs,
+            jobs: body.into_inner().jobs,
             span: tracing::Span::current(),
         })
         .await??;
@@ -304,43 +300,4 @@ fn explain(row: &AppRow, now: Option<&AppStanding>, last: Option<&LastRoundWhy>)
             last.c.map_or("-".to_owned(), |c| format!("{c:.3}"))
         ),
     }
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"progress": [{"job": "trial-0", "completed_iterations": 300}],
-    "gpus": ["m0-g0", "m0-g1"]}))]
-pub struct RhoQuery {
-    /// Progress to assume, as in a progress report (nothing is stored); none by default.
-    #[serde(default)]
-    #[schema(value_type = Vec<super::schemas::JobProgressSchema>)]
-    pub progress: Vec<JobProgress>,
-    /// GPUs to assume the app holds instead of its leases (a hypothetical allocation).
-    pub gpus: Option<Vec<String>>,
-}
-
-/// The app's rho now and as projected from hypothetical progress or GPUs, computed by the
-/// engine exactly as the arbiter ranks the app and bids for it. Changes nothing.
-#[utoipa::path(post, path = "/v1/apps/{app}/rho", params(("app" = i64, Path)),
-    request_body = RhoQuery,
-    responses((status = 200, body = RhoProjection), (status = 409, body = Problem)))]
-#[post("/v1/apps/{app}/rho")]
-pub async fn project_rho(
-    state: web::Data<ApiState>,
-    caller: Caller,
-    app: web::Path<i64>,
-    body: Json<RhoQuery>,
-) -> Result<HttpResponse, ApiError> {
-    owned_app(&state, caller, *app).await?;
-    let Json(query) = body;
-    let projection = state
-        .arbiter
-        .send(ProjectRho {
-            tenant: caller.tenant(),
-            app: *app,
-            progress: query.progress,
-            gpus: query.gpus,
-        })
-        .await??;
-    Ok(HttpResponse::Ok().json(projection))
 }

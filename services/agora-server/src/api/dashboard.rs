@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::{self, error::RecvError};
 use utoipa::{IntoParams, ToSchema};
 
-use super::problem::{ApiError, ErrorCode, Problem};
-use super::{last_event_id, owned_app, page_limit, ApiState, Caller};
+use super::problem::{ApiError, Problem};
+use super::{owned_app, ApiState, Caller};
 use crate::store::{
     AppRound, FairnessApp, FairnessInputs, GpuCounts, RhoPoint, RoundSummary, Store, TimelineLease,
     VisibleApp,
@@ -88,7 +88,8 @@ pub struct HistoryQuery {
 /// The app's rho at the start of every round it was active in, oldest first (`null`: it held
 /// no GPU, so its finish time was unbounded).
 #[utoipa::path(get, path = "/v1/apps/{app}/rho-history", params(("app" = i64, Path), HistoryQuery),
-    responses((status = 200, body = Vec<RhoPoint>)))]
+    responses((status = 200, body = Vec<RhoPoint>), (status = 403, body = Problem),
+              (status = 404, body = Problem)))]
 #[get("/v1/apps/{app}/rho-history")]
 pub async fn rho_history(
     state: web::Data<ApiState>,
@@ -97,7 +98,7 @@ pub async fn rho_history(
     query: web::Query<HistoryQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
-    let limit = page_limit(query.limit, 500, 5000)?;
+    let limit = query.limit.unwrap_or(500).clamp(1, 5000);
     Ok(HttpResponse::Ok().json(state.store.rho_history(app, limit).await?))
 }
 
@@ -113,7 +114,8 @@ pub struct AppRoundsQuery {
 /// The rounds the app took part in (as a bidder, or receiving leftovers), newest first: its
 /// bid table, the proportional-fair choice, its hidden payment c_i and the GPUs it got.
 #[utoipa::path(get, path = "/v1/apps/{app}/rounds", params(("app" = i64, Path), AppRoundsQuery),
-    responses((status = 200, body = Vec<AppRound>)))]
+    responses((status = 200, body = Vec<AppRound>), (status = 403, body = Problem),
+              (status = 404, body = Problem)))]
 #[get("/v1/apps/{app}/rounds")]
 pub async fn app_rounds(
     state: web::Data<ApiState>,
@@ -122,7 +124,7 @@ pub async fn app_rounds(
     query: web::Query<AppRoundsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
-    let limit = page_limit(query.limit, 50, 500)?;
+    let limit = query.limit.unwrap_or(50).clamp(1, 500);
     Ok(HttpResponse::Ok().json(state.store.app_rounds(app, query.before, limit).await?))
 }
 
@@ -199,12 +201,12 @@ pub async fn lease_timeline(
     query: web::Query<TimelineQuery>,
 ) -> Result<HttpResponse, ApiError> {
     if query.to <= query.from || query.to - query.from > MAX_WINDOW {
-        return Err(ApiError::new(
-            ErrorCode::BadWindow,
+        return Err(ApiError::bad_request(
+            "bad_window",
             "`to` must be after `from` and at most 7 days later",
         ));
     }
-    let limit = page_limit(query.limit, 2000, 10_000)?;
+    let limit = query.limit.unwrap_or(2000).clamp(1, 10_000);
     let leases = state
         .store
         .lease_timeline(query.from, query.to, limit, caller.tenant())
@@ -231,20 +233,25 @@ pub async fn round_events(
     _caller: Caller,
     query: web::Query<RoundStreamQuery>,
     request: HttpRequest,
-) -> Result<HttpResponse, ApiError> {
+) -> HttpResponse {
+    let last_event_id = request
+        .headers()
+        .get("last-event-id")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse().ok());
     let follower = RoundFollower {
         store: state.store.clone(),
         notices: state.notices.subscribe_all(),
-        after: last_event_id(&request)?.or(query.after).unwrap_or(0),
+        after: last_event_id.or(query.after).unwrap_or(0),
     };
     let chunks = streams::unfold(follower, |mut follower| async move {
         let chunk = follower.next_chunk().await;
         Some((Ok::<_, actix_web::Error>(chunk), follower))
     });
-    Ok(HttpResponse::Ok()
+    HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header((header::CACHE_CONTROL, "no-cache"))
-        .streaming(chunks))
+        .streaming(chunks)
 }
 
 /// Follows the rounds table: reads it when an app event (every round result is one) wakes it,

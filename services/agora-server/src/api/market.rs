@@ -8,11 +8,9 @@ use agora_market::topology::GpuId;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::problem::{ApiError, ErrorCode, Problem};
-use super::{owned_app, page_limit, ApiState, Caller, Json};
-use crate::actors::requests::{
-    BidAck, CurrentRound, CurrentRoundOf, DrainAck, ReleaseLease, SetGpuService, SubmitBid,
-};
+use super::problem::{ApiError, Problem};
+use super::{owned_app, ApiState, Caller};
+use crate::actors::requests::{BidAck, DrainAck, ReleaseLease, SetGpuService, SubmitBid};
 use crate::store::{GpuView, RoundDetail, RoundSummary};
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -32,20 +30,23 @@ pub struct TenantCreated {
 
 /// Create a tenant and its first API token (admin only).
 #[utoipa::path(post, path = "/v1/tenants", request_body = TenantBody,
-    responses((status = 201, body = TenantCreated), (status = 403, body = Problem),
-              (status = 409, body = Problem)))]
+    responses((status = 201, body = TenantCreated), (status = 403, body = Problem)))]
 #[post("/v1/tenants")]
 pub async fn create_tenant(
     state: web::Data<ApiState>,
     caller: Caller,
-    body: Json<TenantBody>,
+    body: web::Json<TenantBody>,
 ) -> Result<HttpResponse, ApiError> {
     if caller != Caller::Admin {
         return Err(ApiError::admin_only());
     }
-    let name = body.0.name;
-    crate::names::check_name("name", &name)
-        .map_err(|reason| ApiError::new(ErrorCode::InvalidTenant, reason))?;
+    let name = body.into_inner().name;
+    if name.trim().is_empty() {
+        return Err(ApiError::unprocessable(
+            "invalid_tenant",
+            "name must not be empty",
+        ));
+    }
     let token = new_token();
     let id = state
         .store
@@ -58,7 +59,8 @@ pub async fn create_tenant(
                     .is_some_and(|db| db.is_unique_violation()) =>
             {
                 ApiError::new(
-                    ErrorCode::DuplicateTenant,
+                    actix_web::http::StatusCode::CONFLICT,
+                    "duplicate_tenant",
                     format!("a tenant named {name:?} exists"),
                 )
             }
@@ -90,7 +92,6 @@ pub struct BidBody {
     pub app: i64,
     /// rho if the app wins nothing; `null` when it holds no GPU (starving). Required.
     #[serde(deserialize_with = "Option::deserialize")]
-    #[schema(required = true)]
     pub rho_old: Option<f64>,
     pub bids: Vec<BidEntryBody>,
 }
@@ -98,7 +99,8 @@ pub struct BidBody {
 impl BidBody {
     fn into_bid(self) -> Result<AppBid, ApiError> {
         let rho = |value: f64| {
-            Rho::new(value).map_err(|error| ApiError::new(ErrorCode::InvalidRho, error.to_string()))
+            Rho::new(value)
+                .map_err(|error| ApiError::unprocessable("invalid_rho", error.to_string()))
         };
         Ok(AppBid {
             app: AppId(self.app.to_string()),
@@ -129,9 +131,9 @@ pub async fn submit_bid(
     caller: Caller,
     round: web::Path<i64>,
     request: HttpRequest,
-    body: Json<BidBody>,
+    body: web::Json<BidBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let Json(body) = body;
+    let body = body.into_inner();
     owned_app(&state, caller, body.app).await?;
     let idempotency_key = request
         .headers()
@@ -143,8 +145,8 @@ pub async fn submit_bid(
                 .filter(|key| !key.is_empty() && key.len() <= 200)
                 .map(str::to_owned)
                 .ok_or_else(|| {
-                    ApiError::new(
-                        ErrorCode::BadIdempotencyKey,
+                    ApiError::bad_request(
+                        "bad_idempotency_key",
                         "Idempotency-Key must be 1 to 200 visible ASCII characters",
                     )
                 })
@@ -185,19 +187,8 @@ pub async fn list_rounds(
     _caller: Caller,
     query: web::Query<RoundsQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let limit = page_limit(query.limit, 50, 500)?;
+    let limit = query.limit.unwrap_or(50).clamp(1, 500);
     Ok(HttpResponse::Ok().json(state.store.rounds(query.before, limit).await?))
-}
-
-/// The round now taking bids (or being decided) and its deadline, and the bid window.
-#[utoipa::path(get, path = "/v1/rounds/current",
-    responses((status = 200, body = CurrentRound)))]
-#[get("/v1/rounds/current")]
-pub async fn current_round(
-    state: web::Data<ApiState>,
-    _caller: Caller,
-) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(state.arbiter.send(CurrentRoundOf).await?))
 }
 
 /// One round in full: offer, standings, bids, PF choice, payments, allocations, leftovers.

@@ -3,13 +3,14 @@
 
 use actix_web::HttpResponse;
 
-use super::problem::{ApiError, ErrorCode};
+use super::problem::ApiError;
 use crate::metrics::metrics;
 
 pub async fn prometheus() -> Result<HttpResponse, ApiError> {
     let text = metrics().prometheus_text().map_err(|error| {
         ApiError::new(
-            ErrorCode::MetricsUnavailable,
+            actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "metrics_unavailable",
             format!("the metrics could not be encoded: {error}"),
         )
     })?;

@@ -7,7 +7,6 @@ mod events;
 mod market;
 mod metrics;
 pub mod problem;
-mod schemas;
 mod tokens;
 mod workers;
 
@@ -18,10 +17,8 @@ use std::sync::{Arc, RwLock};
 
 use actix::Addr;
 use actix_web::dev::Payload;
-use actix_web::error::{PathError, QueryPayloadError};
-use actix_web::{web, FromRequest, HttpMessage, HttpRequest, HttpResponse};
-use serde::de::DeserializeOwned;
-use serde_json::Value;
+use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
+use actix_web::{web, FromRequest, HttpRequest, HttpResponse};
 use sha2::{Digest, Sha256};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -29,8 +26,7 @@ use utoipa::{Modify, OpenApi};
 use crate::actors::arbiter::Arbiter;
 use crate::notices::Notices;
 use crate::store::{AppRow, Store};
-use problem::{ApiError, ErrorCode};
-pub use schemas::EventPayloadSchema;
+use problem::ApiError;
 use tokens::Lookup;
 pub use tokens::Tokens;
 
@@ -93,8 +89,8 @@ impl Caller {
 
     pub fn require_tenant(self) -> Result<i64, ApiError> {
         self.tenant().ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::TenantRequired,
+            ApiError::bad_request(
+                "tenant_required",
                 "this acts for a tenant: use a tenant's token, not the admin token",
             )
         })
@@ -168,10 +164,13 @@ fn no_such_app(app: i64) -> ApiError {
     ApiError::not_found(format!("app {app} does not exist"))
 }
 
-/// Another tenant's app is answered exactly as a missing one, so ids cannot be probed.
 fn check_owner(caller: Caller, app: i64, owner: i64) -> Result<(), ApiError> {
     match caller.tenant() {
-        Some(tenant) if tenant != owner => Err(no_such_app(app)),
+        Some(tenant) if tenant != owner => Err(ApiError::new(
+            actix_web::http::StatusCode::FORBIDDEN,
+            "foreign_app",
+            format!("app {app} belongs to another tenant"),
+        )),
         _ => Ok(()),
     }
 }
@@ -179,7 +178,11 @@ fn check_owner(caller: Caller, app: i64, owner: i64) -> Result<(), ApiError> {
 /// Routes and extractor settings of the whole API.
 pub fn configure(config: &mut web::ServiceConfig) {
     config
-        .app_data(web::PayloadConfig::new(MAX_BODY_BYTES))
+        .app_data(
+            web::JsonConfig::default()
+                .limit(1 << 20)
+                .error_handler(json_error),
+        )
         .app_data(web::PathConfig::default().error_handler(path_error))
         .app_data(web::QueryConfig::default().error_handler(query_error))
         .route(
@@ -197,13 +200,10 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .service(apps::finish_app)
         .service(apps::app_leases)
         .service(apps::why)
-        .service(apps::project_rho)
         .service(events::stream)
         .service(events::poll)
         .service(market::submit_bid)
         .service(market::list_rounds)
-        // Before `/v1/rounds/{round}`, which would take `current` for a round id.
-        .service(market::current_round)
         .service(market::get_round)
         .service(market::release_lease)
         .service(market::cluster)
@@ -216,99 +216,14 @@ pub fn configure(config: &mut web::ServiceConfig) {
         }));
 }
 
-/// The largest request body taken.
-const MAX_BODY_BYTES: usize = 1 << 20;
-
-/// A JSON request body. Not JSON: 400 `malformed_json`. JSON that does not fit the schema, or a
-/// string holding a NUL (which no stored text may hold): 422 `invalid_body`, naming the field.
-#[derive(Debug)]
-pub struct Json<T>(pub T);
-
-impl<T: DeserializeOwned + 'static> FromRequest for Json<T> {
-    type Error = ApiError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
-
-    fn from_request(request: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let content_type = request.content_type().to_ascii_lowercase();
-        let is_json = content_type == "application/json" || content_type.ends_with("+json");
-        let body = web::Bytes::from_request(request, payload);
-        Box::pin(async move {
-            if !is_json {
-                return Err(ApiError::new(
-                    ErrorCode::MalformedJson,
-                    "send the body as JSON with `Content-Type: application/json`",
-                ));
-            }
-            let bytes = body.await.map_err(|error| {
-                let too_large = error.as_response_error().status_code()
-                    == actix_web::http::StatusCode::PAYLOAD_TOO_LARGE;
-                match too_large {
-                    true => ApiError::new(ErrorCode::PayloadTooLarge, "the body is over 1 MiB"),
-                    false => ApiError::new(ErrorCode::MalformedJson, error.to_string()),
-                }
-            })?;
-            let value: Value = serde_json::from_slice(&bytes).map_err(|error| {
-                ApiError::new(ErrorCode::MalformedJson, format!("not JSON: {error}"))
-            })?;
-            if let Some(field) = field_with_nul(&value, "body") {
-                return Err(ApiError::invalid_body(format!(
-                    "{field} holds a NUL character (\\u0000); remove it"
-                )));
-            }
-            serde_json::from_value(value)
-                .map(Json)
-                .map_err(|error| ApiError::invalid_body(format!("body: {error}")))
-        })
-    }
-}
-
-/// The path of the first string (or key) under `value` holding a NUL.
-fn field_with_nul(value: &Value, path: &str) -> Option<String> {
-    match value {
-        Value::String(text) => text.contains('\0').then(|| path.to_owned()),
-        Value::Array(items) => items
-            .iter()
-            .enumerate()
-            .find_map(|(index, item)| field_with_nul(item, &format!("{path}[{index}]"))),
-        Value::Object(fields) => fields.iter().find_map(|(key, item)| {
-            let field = format!("{path}.{key}");
-            match key.contains('\0') {
-                true => Some(field),
-                false => field_with_nul(item, &field),
-            }
-        }),
-        _ => None,
-    }
-}
-
-/// A page size: `given`, or `default` when absent; outside 1..=`max` it is refused.
-fn page_limit(given: Option<i64>, default: i64, max: i64) -> Result<i64, ApiError> {
-    match given.unwrap_or(default) {
-        limit @ 1.. if limit <= max => Ok(limit),
-        limit => Err(ApiError::new(
-            ErrorCode::BadQuery,
-            format!("limit must lie in 1..={max}, got {limit}"),
-        )),
-    }
-}
-
-/// The `Last-Event-ID` header (an event id to resume after), if sent.
-fn last_event_id(request: &HttpRequest) -> Result<Option<i64>, ApiError> {
-    let Some(value) = request.headers().get("last-event-id") else {
-        return Ok(None);
+fn json_error(error: JsonPayloadError, _: &HttpRequest) -> actix_web::Error {
+    let status = match error {
+        JsonPayloadError::OverflowKnownLength { .. } | JsonPayloadError::Overflow { .. } => {
+            actix_web::http::StatusCode::PAYLOAD_TOO_LARGE
+        }
+        _ => actix_web::http::StatusCode::BAD_REQUEST,
     };
-    value
-        .to_str()
-        .ok()
-        .and_then(|value| value.trim().parse::<i64>().ok())
-        .filter(|id| *id >= 0)
-        .map(Some)
-        .ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::BadLastEventId,
-                "Last-Event-ID must be the id of an event received (a non-negative integer)",
-            )
-        })
+    ApiError::new(status, "malformed_json", error.to_string()).into()
 }
 
 fn path_error(error: PathError, _: &HttpRequest) -> actix_web::Error {
@@ -316,7 +231,7 @@ fn path_error(error: PathError, _: &HttpRequest) -> actix_web::Error {
 }
 
 fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
-    ApiError::new(ErrorCode::BadQuery, error.to_string()).into()
+    ApiError::bad_request("bad_query", error.to_string()).into()
 }
 
 #[derive(OpenApi)]
@@ -334,12 +249,10 @@ fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
         apps::finish_app,
         apps::app_leases,
         apps::why,
-        apps::project_rho,
         events::stream,
         events::poll,
         market::submit_bid,
         market::list_rounds,
-        market::current_round,
         market::get_round,
         market::release_lease,
         market::cluster,
@@ -354,7 +267,7 @@ fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
         dashboard::lease_timeline,
         dashboard::round_events,
     ),
-    modifiers(&BearerAuth, &ErrorAnswers),
+    modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
 #[derive(Debug)]
@@ -371,75 +284,6 @@ impl Modify for BearerAuth {
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
     }
-}
-
-/// Documents every error answer an operation can give, as problem+json: what any caller can
-/// meet (401; 503 when the database or the arbiter does not answer), what its path parameters
-/// (404), query or header parameters (400) and body (400, 413, 422) can meet, and the
-/// statuses its own handler declared.
-#[derive(Debug)]
-struct ErrorAnswers;
-
-impl Modify for ErrorAnswers {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::path::ParameterIn;
-        for item in openapi.paths.paths.values_mut() {
-            let operations = [
-                &mut item.get,
-                &mut item.post,
-                &mut item.put,
-                &mut item.delete,
-            ];
-            for operation in operations.into_iter().flatten() {
-                let parameters = operation.parameters.iter().flatten();
-                let located = |place: ParameterIn| {
-                    parameters
-                        .clone()
-                        .any(|parameter| parameter.parameter_in == place)
-                };
-                let body = operation.request_body.is_some();
-                let mut statuses = vec![401, 503];
-                if located(ParameterIn::Path) {
-                    statuses.push(404);
-                }
-                if body || located(ParameterIn::Query) || located(ParameterIn::Header) {
-                    statuses.push(400);
-                }
-                if body {
-                    statuses.extend([413, 422]);
-                }
-                let responses = &mut operation.responses.responses;
-                for status in statuses {
-                    responses
-                        .entry(status.to_string())
-                        .or_insert_with(|| problem_response(status).into());
-                }
-                for (status, response) in responses.iter_mut() {
-                    if let (utoipa::openapi::RefOr::T(response), Ok(400..)) =
-                        (response, status.parse::<u16>())
-                    {
-                        *response = problem_response(status.parse().unwrap_or(500));
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// An error answer: problem+json, with the codes its status can carry.
-fn problem_response(status: u16) -> utoipa::openapi::Response {
-    let codes: Vec<String> = ErrorCode::ALL
-        .iter()
-        .filter(|code| code.status().as_u16() == status)
-        .map(|code| format!("`{}`", code.as_str()))
-        .collect();
-    let content = utoipa::openapi::ContentBuilder::new()
-        .schema(Some(utoipa::openapi::Ref::from_schema_name("Problem")))
-        .build();
-    utoipa::openapi::ResponseBuilder::new()
-        .description(format!("A problem; `code` is one of {}", codes.join(", ")))
-        .content("application/problem+json", content)
-        .build()
 }
 
 async fn openapi() -> HttpResponse {

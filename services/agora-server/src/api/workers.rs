@@ -6,11 +6,12 @@ use std::future::Future;
 use std::pin::Pin;
 
 use actix_web::dev::Payload;
+use actix_web::http::StatusCode;
 use actix_web::{post, web, FromRequest, HttpRequest, HttpResponse};
 use agora_protocol::{Heartbeat, HeartbeatReply, HostRegistration, Registered};
 
-use super::problem::{ApiError, ErrorCode, Problem};
-use super::{bearer_sha256, ApiState, Json};
+use super::problem::{ApiError, Problem};
+use super::{bearer_sha256, ApiState};
 use crate::actors::hosts::{HostHeartbeat, RegisterHost};
 
 /// A caller that presented the worker token.
@@ -28,12 +29,14 @@ impl FromRequest for WorkerCaller {
         let presented = bearer_sha256(request);
         let verdict = match (expected, presented) {
             (None, _) => Err(ApiError::new(
-                ErrorCode::WorkersDisabled,
+                StatusCode::FORBIDDEN,
+                "workers_disabled",
                 "this arbiter takes no GPU hosts: start it with gpus = \"workers\" and a worker_token",
             )),
             (Some(expected), Some(presented)) if expected == presented => Ok(Self),
             _ => Err(ApiError::new(
-                ErrorCode::Unauthorized,
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
                 "send `Authorization: Bearer <worker token>` (the arbiter's worker_token, AGORA_WORKER_TOKEN)",
             )),
         };
@@ -64,11 +67,11 @@ impl FromRequest for WorkerCaller {
 pub async fn register(
     state: web::Data<ApiState>,
     _worker: WorkerCaller,
-    body: Json<HostRegistration>,
+    body: web::Json<HostRegistration>,
 ) -> Result<HttpResponse, ApiError> {
-    let Json(registration) = body;
+    let registration = body.into_inner();
     check_registration(&registration)
-        .map_err(|reason| ApiError::new(ErrorCode::InvalidRegistration, reason))?;
+        .map_err(|reason| ApiError::unprocessable("invalid_registration", reason))?;
     let registered = state.arbiter.send(RegisterHost { registration }).await??;
     Ok(HttpResponse::Ok().json(registered))
 }
@@ -100,13 +103,13 @@ pub async fn heartbeat(
     state: web::Data<ApiState>,
     _worker: WorkerCaller,
     host: web::Path<String>,
-    body: Json<Heartbeat>,
+    body: web::Json<Heartbeat>,
 ) -> Result<HttpResponse, ApiError> {
     let reply = state
         .arbiter
         .send(HostHeartbeat {
             host: host.into_inner(),
-            heartbeat: body.0,
+            heartbeat: body.into_inner(),
         })
         .await??;
     Ok(HttpResponse::Ok().json(reply))

@@ -38,8 +38,6 @@ pub struct RhoPoint {
 pub struct OwnBid {
     /// `framework` (posted over HTTP) or `agent` (computed by the arbiter).
     pub source: String,
-    /// Always present; `null` when the app held no GPU.
-    #[schema(required = true)]
     pub rho_old: Option<f64>,
     pub received_at: DateTime<Utc>,
     pub entries: Vec<BidEntryView>,

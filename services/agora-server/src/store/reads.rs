@@ -2,7 +2,6 @@
 //! replays.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -77,8 +76,6 @@ pub struct BidView {
     /// `None` (and no entries) when the bid belongs to another tenant.
     pub app_id: Option<i64>,
     pub source: String,
-    /// Always present; `null` when the app held no GPU (or, in another tenant's bid, hidden).
-    #[schema(required = true)]
     pub rho_old: Option<f64>,
     pub entries: Vec<BidEntryView>,
     pub received_at: DateTime<Utc>,
@@ -117,9 +114,8 @@ pub struct RoundDetail {
 pub struct AppEventRow {
     pub id: i64,
     pub at: DateTime<Utc>,
-    /// `offer`, `round_result`, `lease_granted`, `lease_ended` or `revocation_notice`.
     pub kind: String,
-    #[schema(value_type = crate::api::EventPayloadSchema)]
+    #[schema(value_type = Object)]
     pub payload: Value,
 }
 
@@ -192,7 +188,6 @@ pub struct StoredRound {
     pub standings: Value,
     pub holds: Value,
     pub claims: Value,
-    pub departed: Vec<i64>,
     pub bidders: Vec<i64>,
     pub bids: Vec<StoredBid>,
     pub allocations: Vec<super::AllocationRow>,
@@ -233,12 +228,11 @@ impl Store {
         .await?)
     }
 
-    /// The apps of `tenant`; every tenant's for `None` (the admin).
-    pub async fn apps_of(&self, tenant: Option<i64>) -> Result<Vec<AppRow>, StoreError> {
+    pub async fn apps_of(&self, tenant: i64) -> Result<Vec<AppRow>, StoreError> {
         Ok(sqlx::query_as!(
             AppRow,
             "SELECT id, tenant_id, name, kind, bidding, arrived_at, finished_at FROM apps
-             WHERE $1::bigint IS NULL OR tenant_id = $1 ORDER BY id",
+             WHERE tenant_id = $1 ORDER BY id",
             tenant
         )
         .fetch_all(&self.pool)
@@ -443,7 +437,7 @@ impl Store {
     pub async fn stored_round(&self, id: i64) -> Result<Option<StoredRound>, StoreError> {
         let Some(round) = sqlx::query!(
             "SELECT id, status, opened_at, deadline, seed::text AS \"seed!\", engine_version,
-                    leftover_policy, offer, standings, holds, claims, unallocated, departed
+                    leftover_policy, offer, standings, holds, claims, unallocated
              FROM rounds WHERE id = $1",
             id
         )
@@ -487,7 +481,6 @@ impl Store {
             standings: round.standings,
             holds: round.holds,
             claims: round.claims,
-            departed: round.departed,
             bidders,
             bids: self.bids_of_round(id).await?,
             allocations,
@@ -497,8 +490,8 @@ impl Store {
 
     pub async fn bids_of_round(&self, round: i64) -> Result<Vec<StoredBid>, StoreError> {
         let rows = sqlx::query!(
-            "SELECT b.app_id, b.rho_old, e.gpus AS \"gpus?\", e.rho AS \"rho?\" FROM bids b
-             LEFT JOIN bid_entries e ON e.bid_id = b.id
+            "SELECT b.app_id, b.rho_old, e.gpus, e.rho FROM bids b
+             JOIN bid_entries e ON e.bid_id = b.id
              WHERE b.round_id = $1 ORDER BY b.app_id, e.entry",
             round
         )
@@ -513,9 +506,8 @@ impl Store {
                     entries: Vec::new(),
                 });
             }
-            // An empty bid table (the app wants none of the offer) has no entry rows.
-            if let (Some(bid), Some(gpus), Some(rho)) = (bids.last_mut(), row.gpus, row.rho) {
-                bid.entries.push((gpus, rho));
+            if let Some(bid) = bids.last_mut() {
+                bid.entries.push((row.gpus, row.rho));
             }
         }
         Ok(bids)
@@ -667,24 +659,6 @@ impl Store {
     }
 
     /// Ids of every closed round, oldest first (for audits).
-    /// Cancels the statements of auditors (members of `agora_auditor` that are not
-    /// superusers) running for longer than `limit`; returns how many. An auditor can lift its
-    /// own `statement_timeout`, not this limit.
-    pub async fn cancel_long_auditor_statements(&self, limit: Duration) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar!(
-            r#"WITH overdue AS MATERIALIZED (
-                   SELECT a.pid FROM pg_stat_activity a JOIN pg_roles r ON r.oid = a.usesysid
-                   WHERE a.datname = current_database() AND a.state = 'active'
-                     AND a.pid <> pg_backend_pid() AND NOT r.rolsuper
-                     AND pg_has_role(a.usesysid, 'agora_auditor', 'MEMBER')
-                     AND a.query_start < clock_timestamp() - make_interval(secs => $1))
-               SELECT count(*) AS "cancelled!" FROM overdue WHERE pg_cancel_backend(overdue.pid)"#,
-            limit.as_secs_f64()
-        )
-        .fetch_one(&self.pool)
-        .await?)
-    }
-
     pub async fn closed_round_ids(&self) -> Result<Vec<i64>, StoreError> {
         Ok(
             sqlx::query_scalar!("SELECT id FROM rounds WHERE status = 'closed' ORDER BY id")

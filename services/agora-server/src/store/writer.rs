@@ -60,16 +60,6 @@ pub enum BidInsert {
     Replayed(i64),
     /// The app already has a bid in the round: nothing stored.
     AlreadyBid,
-    /// The app's bid in the round has this `Idempotency-Key` but was a different request:
-    /// nothing stored.
-    KeyReused,
-}
-
-/// What identifies a bid request for its `Idempotency-Key`: a retry must send the same bid.
-pub fn bid_fingerprint(bid: &AppBid) -> Vec<u8> {
-    use sha2::{Digest, Sha256};
-    let json = serde_json::to_vec(bid).unwrap_or_default();
-    Sha256::digest(json).to_vec()
 }
 
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
@@ -81,8 +71,7 @@ enum Job {
         round: i64,
         app: i64,
         key: String,
-        fingerprint: Vec<u8>,
-        reply: Reply<Option<BidInsert>>,
+        reply: Reply<Option<i64>>,
     },
     /// A decision, stamped `now`; handed back once durable.
     Decision(Box<Commit>, Timestamp, Reply<Box<Commit>>),
@@ -117,21 +106,18 @@ impl Writer {
     }
 
     /// The bid `app` posted in `round` with `Idempotency-Key` `key`, including bids queued
-    /// before this call: [`BidInsert::Replayed`] if it was the request `fingerprint`
-    /// identifies, [`BidInsert::KeyReused`] if another.
+    /// before this call.
     pub fn bid_with_key(
         &self,
         round: i64,
         app: i64,
         key: String,
-        fingerprint: Vec<u8>,
-    ) -> impl Future<Output = Result<Option<BidInsert>, StoreError>> + use<> {
+    ) -> impl Future<Output = Result<Option<i64>, StoreError>> + use<> {
         let (reply, answer) = oneshot::channel();
         let queued = self.queue(Job::Lookup {
             round,
             app,
             key,
-            fingerprint,
             reply,
         });
         async move { answered(queued, answer).await? }
@@ -177,7 +163,7 @@ async fn write_jobs(store: Store, mut queue: mpsc::UnboundedReceiver<Job>) {
 /// A job taken into the batch: where its answer goes, and the answer once known.
 enum Taken {
     Bid(Reply<BidInsert>, Option<BidInsert>),
-    Lookup(Reply<Option<BidInsert>>, Option<Option<BidInsert>>),
+    Lookup(Reply<Option<i64>>, Option<Option<i64>>),
     Decision(Reply<Box<Commit>>, Box<Commit>),
 }
 
@@ -267,10 +253,9 @@ async fn write_in_order(
                 round,
                 app,
                 key,
-                fingerprint,
                 reply,
             } => {
-                let found = bid_with_key(&mut tx, round, app, &key, &fingerprint).await;
+                let found = bid_with_key(&mut tx, round, app, &key).await;
                 taken.push(Taken::Lookup(reply, found.as_ref().ok().copied()));
                 found?;
             }
@@ -295,12 +280,10 @@ async fn insert_framework_bids(
     for (bid, id) in bids.iter().zip(ids) {
         results.push(match (id, &bid.idempotency_key) {
             (Some(id), _) => BidInsert::Stored(id),
-            (None, Some(key)) => {
-                let fingerprint = bid_fingerprint(&bid.bid);
-                bid_with_key(tx, bid.round, bid.app, key, &fingerprint)
-                    .await?
-                    .unwrap_or(BidInsert::AlreadyBid)
-            }
+            (None, Some(key)) => match bid_with_key(tx, bid.round, bid.app, key).await? {
+                Some(id) => BidInsert::Replayed(id),
+                None => BidInsert::AlreadyBid,
+            },
             (None, None) => BidInsert::AlreadyBid,
         });
     }
@@ -312,24 +295,15 @@ async fn bid_with_key(
     round: i64,
     app: i64,
     key: &str,
-    fingerprint: &[u8],
-) -> Result<Option<BidInsert>, sqlx::Error> {
-    let found = sqlx::query!(
-        "SELECT id, request_sha256 FROM bids
-         WHERE round_id = $1 AND app_id = $2 AND idempotency_key = $3",
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT id FROM bids WHERE round_id = $1 AND app_id = $2 AND idempotency_key = $3",
         round,
         app,
         key
     )
     .fetch_optional(&mut **tx)
-    .await?;
-    Ok(found.map(|bid| {
-        if bid.request_sha256.as_deref() == Some(fingerprint) {
-            BidInsert::Replayed(bid.id)
-        } else {
-            BidInsert::KeyReused
-        }
-    }))
+    .await
 }
 
 /// Inserts `bids` and their entries with one statement each; returns each bid's id, `None`
@@ -346,25 +320,15 @@ pub(super) async fn insert_bids(
         .map(|bid| bid.bid.rho_old.map(f64::from))
         .collect();
     let keys: Vec<Option<String>> = bids.iter().map(|bid| bid.idempotency_key.clone()).collect();
-    let fingerprints: Vec<Option<Vec<u8>>> = bids
-        .iter()
-        .map(|bid| {
-            bid.idempotency_key
-                .as_ref()
-                .map(|_| bid_fingerprint(&bid.bid))
-        })
-        .collect();
     let received: Vec<_> = bids
         .iter()
         .map(|bid| to_datetime(bid.received_at))
         .collect();
     let stored = sqlx::query!(
-        "INSERT INTO bids (round_id, app_id, source, rho_old, idempotency_key, received_at,
-                           request_sha256)
-         SELECT round_id, app_id, $3, rho_old, idempotency_key, received_at, request_sha256
-         FROM unnest($1::bigint[], $2::bigint[], $4::float8[], $5::text[], $6::timestamptz[],
-                     $7::bytea[])
-              AS new (round_id, app_id, rho_old, idempotency_key, received_at, request_sha256)
+        "INSERT INTO bids (round_id, app_id, source, rho_old, idempotency_key, received_at)
+         SELECT round_id, app_id, $3, rho_old, idempotency_key, received_at
+         FROM unnest($1::bigint[], $2::bigint[], $4::float8[], $5::text[], $6::timestamptz[])
+              AS new (round_id, app_id, rho_old, idempotency_key, received_at)
          ON CONFLICT (round_id, app_id) DO NOTHING
          RETURNING id, round_id, app_id",
         &rounds,
@@ -372,8 +336,7 @@ pub(super) async fn insert_bids(
         source.as_str(),
         &rho_old as &[Option<f64>],
         &keys as &[Option<String>],
-        &received,
-        &fingerprints as &[Option<Vec<u8>>]
+        &received
     )
     .fetch_all(&mut **tx)
     .await?;

@@ -57,8 +57,6 @@ pub struct ClosedRound {
     pub closed_at: Timestamp,
     pub holds: Value,
     pub claims: Value,
-    /// Bidders that left the market before the round's leases were granted.
-    pub departed: Vec<i64>,
     pub agent_bids: Vec<(i64, AppBid)>,
     pub allocations: Vec<AllocationRow>,
     pub unallocated: Vec<String>,
@@ -343,14 +341,13 @@ async fn write_closed_round(
 ) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "UPDATE rounds SET status = 'closed', closed_at = $2, holds = $3, unallocated = $4,
-                           claims = $5, departed = $6
+                           claims = $5
          WHERE id = $1",
         round.id,
         to_datetime(round.closed_at),
         round.holds,
         &round.unallocated,
-        round.claims,
-        &round.departed
+        round.claims
     )
     .execute(&mut **tx)
     .await?;
