@@ -135,3 +135,44 @@ fn untyped_objects(value: &Value, at: &str, found: &mut Vec<String>) {
         untyped_objects(child, &format!("{at}/{key}"), found);
     }
 }
+
+/// The schemas that mirror the engine's wire types (`api/schemas.rs`) name exactly the fields
+/// the engine's types serialise.
+#[test]
+fn the_mirrored_schemas_have_the_engines_fields() {
+    use agora_market::app::AppKind;
+    use agora_market::progress::JobProgress;
+    let document = serde_json::to_value(ApiDoc::openapi()).expect("the document serialises");
+    let schemas = &document["components"]["schemas"];
+    let fields = |value: &Value| -> BTreeSet<String> {
+        value
+            .as_object()
+            .expect("an object")
+            .keys()
+            .cloned()
+            .collect()
+    };
+    let properties = |name: &str| fields(&schemas[name]["properties"]);
+    let curve: AppKind = serde_json::from_value(json!({ "kind": "performance_curve", "jobs": [
+        { "job": { "id": "j", "total_iterations": 10, "serial_iteration_time": 1.0,
+                   "max_gpus": 1 }, "predicted_final_iteration": 8 }] }))
+    .expect("an app");
+    let curve = serde_json::to_value(curve).expect("serialises");
+    let curve_job = &curve["jobs"][0];
+    assert_eq!(fields(curve_job), properties("CurveJob"));
+    assert_eq!(fields(&curve_job["job"]), properties("Job"));
+    assert_eq!(
+        fields(&curve_job["job"]["slowdown"]),
+        properties("PlacementSlowdown")
+    );
+    let progress: JobProgress = serde_json::from_value(json!({ "job": "j",
+        "completed_iterations": 3, "observed": { "locality": "same_slot", "gpus": 1,
+        "seconds_per_iteration": 0.5 } }))
+    .expect("a report");
+    let progress = serde_json::to_value(progress).expect("serialises");
+    assert_eq!(fields(&progress), properties("JobProgress"));
+    assert_eq!(
+        fields(&progress["observed"]),
+        properties("ObservedIterations")
+    );
+}

@@ -240,11 +240,11 @@ impl<T: DeserializeOwned + 'static> FromRequest for Json<T> {
                 ));
             }
             let bytes = body.await.map_err(|error| {
-                let too_large = error.as_response_error().status_code()
-                    == actix_web::http::StatusCode::PAYLOAD_TOO_LARGE;
-                match too_large {
-                    true => ApiError::new(ErrorCode::PayloadTooLarge, "the body is over 1 MiB"),
-                    false => ApiError::new(ErrorCode::MalformedJson, error.to_string()),
+                let status = error.as_response_error().status_code();
+                if status == actix_web::http::StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(ErrorCode::PayloadTooLarge, "the body is over 1 MiB")
+                } else {
+                    ApiError::new(ErrorCode::MalformedJson, error.to_string())
                 }
             })?;
             let value: Value = serde_json::from_slice(&bytes).map_err(|error| {
@@ -272,9 +272,10 @@ fn field_with_nul(value: &Value, path: &str) -> Option<String> {
             .find_map(|(index, item)| field_with_nul(item, &format!("{path}[{index}]"))),
         Value::Object(fields) => fields.iter().find_map(|(key, item)| {
             let field = format!("{path}.{key}");
-            match key.contains('\0') {
-                true => Some(field),
-                false => field_with_nul(item, &field),
+            if key.contains('\0') {
+                Some(field)
+            } else {
+                field_with_nul(item, &field)
             }
         }),
         _ => None,

@@ -1,6 +1,6 @@
 //! OpenAPI schemas of the engine's wire types (the engine has no OpenAPI dependency): each
 //! mirrors the serde shape of the type it names, so that clients can generate code for them.
-//! `tests/api_contract.rs` checks the mirrors against real values of the engine's types.
+//! `tests/api_docs.rs` checks the mirrors against real values of the engine's types.
 #![allow(dead_code)] // Schema-only types: read by utoipa's derive, never constructed.
 
 use utoipa::ToSchema;
