@@ -1,6 +1,7 @@
 //! Apps (one tenant's hyper-parameter search) and their jobs, with the agent API of Themis
 //! Figure 7 as traits so HPO integrations can describe their own searches.
 
+use std::cmp::Ordering;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -327,6 +328,60 @@ pub struct App {
 }
 
 impl App {
+    /// Orders apps by what they are, never by their ids or their jobs' ids: the tie-break
+    /// between apps that stand equal, so that only identical apps are ever told apart by name.
+    pub fn cmp_content(&self, other: &App) -> Ordering {
+        let (mine, theirs) = (self.content_key(), other.content_key());
+        mine.iter()
+            .zip(&theirs)
+            .map(|(a, b)| a.total_cmp(b))
+            .find(|order| order.is_ne())
+            .unwrap_or_else(|| mine.len().cmp(&theirs.len()))
+    }
+
+    /// Every number that describes the app, in a fixed order, its kind first.
+    fn content_key(&self) -> Vec<f64> {
+        fn job(key: &mut Vec<f64>, job: &Job) {
+            let slowdown = &job.slowdown;
+            key.extend([
+                job.total_iterations as f64,
+                job.completed_iterations as f64,
+                job.serial_iteration_time,
+                f64::from(job.max_gpus),
+                slowdown.same_slot,
+                slowdown.same_machine,
+                slowdown.same_rack,
+                slowdown.cross_rack,
+                f64::from(u8::from(job.stopped)),
+            ]);
+        }
+        let mut key = Vec::new();
+        match &self.kind {
+            AppKind::SingleJob { job: single } => {
+                key.push(0.0);
+                job(&mut key, single);
+            }
+            AppKind::SuccessiveHalving(search) => {
+                key.extend([1.0, search.budget_gpu_seconds, search.current_phase as f64]);
+                for list in [&search.jobs_per_phase, &search.max_gpus_per_phase] {
+                    key.push(list.len() as f64);
+                    key.extend(list.iter().map(|&value| f64::from(value)));
+                }
+                key.push(search.phase_iterations.len() as f64);
+                key.extend(search.phase_iterations.iter().map(|&value| value as f64));
+                search.jobs.iter().for_each(|each| job(&mut key, each));
+            }
+            AppKind::PerformanceCurve(search) => {
+                key.push(2.0);
+                for curve in &search.jobs {
+                    key.push(curve.predicted_final_iteration as f64);
+                    job(&mut key, &curve.job);
+                }
+            }
+        }
+        key
+    }
+
     /// Jobs still to run now, with what remains of each (for successive halving: the jobs of
     /// the current phase up to the phase's end).
     pub fn running_jobs(&self) -> Vec<JobInfo> {

@@ -787,6 +787,10 @@ impl Market {
             b.0.cmp(&a.0)
                 .then(b.1.total_cmp(&a.1))
                 .then(a.2.cmp(&b.2))
+                .then_with(|| {
+                    let app = |id: &AppId| &self.participants[id].app;
+                    app(&a.3.app).cmp_content(app(&b.3.app))
+                })
                 .then(a.3.app.cmp(&b.3.app))
         });
         ranked.into_iter().map(|(.., standing)| standing).collect()

@@ -338,6 +338,29 @@ fn rejects_a_fairness_knob_outside_its_range() {
     assert!(matches!(result, Err(MarketError::InvalidFairnessKnob(_))));
 }
 
+/// Two starving apps that arrived together and would finish equally soon on their whole demand
+/// (1 GPU for 54 iterations, 3 GPUs for 162) stand in the same order whatever they are called.
+#[test]
+fn starving_apps_of_equal_need_are_ordered_by_what_they_are_not_their_names() {
+    let order = |narrow: &str, wide: &str| {
+        let mut market = market(uniform_cluster(1, 1, 1, 3), 0.0);
+        market
+            .add_app(single_job_app(narrow, 1, 54, 3.0), Timestamp(0))
+            .expect("new app");
+        market
+            .add_app(single_job_app(wide, 3, 162, 3.0), Timestamp(0))
+            .expect("new app");
+        let standings = market.standings(Timestamp(1));
+        assert_eq!(standings[0].rho, None, "both apps are starving");
+        assert_eq!(standings[1].rho, None, "both apps are starving");
+        standings
+            .iter()
+            .map(|standing| standing.unmet_demand)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(order("a-narrow", "b-wide"), order("b-narrow", "a-wide"));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
