@@ -13,6 +13,7 @@ pub mod app;
 pub mod auction;
 pub mod baselines;
 pub mod bids;
+pub mod cluster_file;
 pub mod fairness;
 pub mod hosts;
 pub mod lease;

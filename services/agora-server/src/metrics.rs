@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use agora_market::market::{Market, Standing};
-use agora_sim::metrics::RhoSpread;
+use agora_market::rho::RhoSpread;
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::MetricExporter;

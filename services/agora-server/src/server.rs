@@ -11,6 +11,7 @@ use actix_web::{web, App as HttpApp, HttpServer};
 use agora_market::app::{App, AppKind};
 use agora_market::auction::{AppBid, BidEntry, Offer};
 use agora_market::bids::PreparedOffer;
+use agora_market::cluster_file::{parse_cluster, ClusterFileError};
 use agora_market::hosts::Host;
 use agora_market::lease::{Lease, LeaseId, LeaseState};
 use agora_market::market::{Market, RecordedApp, RoundOffer, Standing, Withdrawal};
@@ -66,8 +67,14 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
     let store = Store::connect(&config.database_url).await?;
     let cluster = match config.gpus {
         GpuSource::Simulated => {
-            let cluster = agora_sim::clusters::load_cluster(&config.fleet)
-                .with_context(|| "the simulated fleet (`fleet` in the config, or AGORA_FLEET)")?;
+            let context = "the simulated fleet (`fleet` in the config, or AGORA_FLEET)";
+            let text = std::fs::read_to_string(&config.fleet)
+                .map_err(|source| ClusterFileError::Io {
+                    path: config.fleet.clone(),
+                    source,
+                })
+                .context(context)?;
+            let cluster = parse_cluster(&text, &config.fleet).context(context)?;
             store.sync_fleet(&cluster).await?;
             cluster
         }

@@ -379,7 +379,7 @@ fn metrics_endpoint_serves_the_markets_state_after_live_rounds() {
         scrape.value("agora_rho_max"),
         values.iter().copied().fold(0.0, f64::max)
     );
-    let jain = agora_sim::metrics::jains_index(&values);
+    let jain = agora_market::rho::jains_index(&values);
     assert!((scrape.value("agora_rho_jain_index") - jain).abs() < 1e-9);
 }
 

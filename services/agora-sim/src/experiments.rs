@@ -124,7 +124,7 @@ pub enum ExperimentError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Cluster(#[from] clusters::ClusterFileError),
+    Cluster(#[from] agora_market::cluster_file::ClusterFileError),
     #[error(transparent)]
     Scale(#[from] clusters::InvalidScale),
     #[error("invalid cluster: {0}")]

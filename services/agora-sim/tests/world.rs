@@ -4,11 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use agora_market::app::{AppKind, PlacementSlowdown};
+use agora_market::cluster_file::{gpu_count, parse_cluster_spec, ClusterFileError};
 use agora_market::topology::Cluster;
-use agora_sim::clusters::{
-    gpu_count, load_cluster, load_cluster_spec, machine_count, parse_cluster_spec, scale_cluster,
-    shipped, ClusterFileError,
-};
+use agora_sim::clusters::{load_cluster, load_cluster_spec, machine_count, scale_cluster, shipped};
 use agora_sim::generate::{self, workload1, workload2, GeneratorConfig, GeneratorError};
 use agora_sim::models::{self, Sensitivity, CATEGORY_MIX};
 use agora_sim::trace::{

@@ -7,9 +7,10 @@ use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use agora_market::cluster_file::ClusterFileError;
 use agora_market::market::MarketConfig;
 use agora_market::policy::{Policy, UnknownPolicy};
-use agora_sim::clusters::{load_cluster, ClusterFileError};
+use agora_sim::clusters::load_cluster;
 use agora_sim::generate::{
     workload1, workload2, GeneratorConfig, GeneratorError, DEFAULT_APPS, DEFAULT_DURATION_SCALE,
 };

@@ -7,7 +7,7 @@ use std::time::Duration;
 use actix_web::http::header;
 use actix_web::web::Bytes;
 use actix_web::{get, web, HttpRequest, HttpResponse};
-use agora_sim::metrics::RhoSpread;
+use agora_market::rho::RhoSpread;
 use chrono::{DateTime, Utc};
 use futures_util::stream as streams;
 use serde::{Deserialize, Serialize};
