@@ -20,7 +20,9 @@ use crate::app::{App, AppId};
 use crate::auction::{run_auction, AppBid, AuctionError, AuctionOutcome, Offer, OfferedGpu};
 use crate::baselines::{self, Contender, RoundView};
 use crate::bids::{generate_bid, BidConfig, PreparedOffer};
-use crate::fairness::{cluster_time, rho, ContentionTracker, FairnessContext, Lifetime};
+use crate::fairness::{
+    cluster_time, independent_finish_time, rho, ContentionTracker, FairnessContext, Lifetime,
+};
 use crate::hosts::{Host, HostDirectory, HostError, HostSpec};
 use crate::lease::{Lease, LeaseBook, LeaseError, LeaseId};
 use crate::leftover::{LeftoverPolicy, Recipient};
@@ -736,64 +738,78 @@ impl Market {
     /// Every active app, worst off first.
     ///
     /// An app stands with what it holds and what it claims (the GPUs its lease just ended on),
-    /// so an incumbent is ranked by the rho it had, not as if it were starving. Starving apps
-    /// (holding and claiming nothing) come first, the worst off among them the one whose rho
-    /// would be highest even if it got its whole demand now, ideally placed; then the others by
-    /// rho. Ties go to the earlier arrival, and only then to the app id.
+    /// so an incumbent is ranked by the rho it had, not as if it were starving. Apps that hold
+    /// or claim GPUs are ranked by that rho; a starving app (holding and claiming nothing) by
+    /// [`Self::passed_over_rho`], on the same scale. Ties go to the earlier arrival, then to
+    /// what the apps are, and only then to the app id.
     pub fn standings(&self, now: Timestamp) -> Vec<Standing> {
-        let mut ranked: Vec<(bool, f64, Timestamp, Standing)> = self
+        let mut ranked: Vec<(f64, Timestamp, Standing)> = self
             .participants
             .values()
             .map(|participant| {
-                let id = &participant.app.id;
-                let held = self.held_locations(id);
-                let mut standing_on = held.clone();
-                standing_on.extend(
-                    self.live_claims(id)
-                        .into_iter()
-                        .map(|gpu| self.cluster.location(gpu)),
-                );
-                let context = self.fairness_context(participant, now);
-                let app = &participant.app;
-                let demand = app.current_demand() as usize;
-                let standing_rho = rho(app, &standing_on, &context);
-                // A starving app is as badly off as its rho with its whole demand, ideally placed.
-                let ideal = GpuLocation {
-                    rack: 0,
-                    machine: 0,
-                    slot: 0,
-                };
-                let need = standing_rho.map_or_else(
-                    || {
-                        rho(app, &vec![ideal; demand.max(1)], &context)
-                            .map_or(f64::INFINITY, |rho| rho.get())
-                    },
-                    |rho| rho.get(),
-                );
-                let standing = Standing {
-                    app: id.clone(),
-                    rho: standing_rho,
-                    unmet_demand: demand.saturating_sub(held.len()),
-                };
-                (
-                    standing_rho.is_none(),
-                    need,
-                    participant.lifetime.arrival,
-                    standing,
-                )
+                let (worst_off_by, standing) = self.standing_of(participant, now);
+                (worst_off_by, participant.lifetime.arrival, standing)
             })
             .collect();
         ranked.sort_by(|a, b| {
-            b.0.cmp(&a.0)
-                .then(b.1.total_cmp(&a.1))
-                .then(a.2.cmp(&b.2))
+            b.0.total_cmp(&a.0)
+                .then(a.1.cmp(&b.1))
                 .then_with(|| {
                     let app = |id: &AppId| &self.participants[id].app;
-                    app(&a.3.app).cmp_content(app(&b.3.app))
+                    app(&a.2.app).cmp_content(app(&b.2.app))
                 })
-                .then(a.3.app.cmp(&b.3.app))
+                .then(a.2.app.cmp(&b.2.app))
         });
         ranked.into_iter().map(|(.., standing)| standing).collect()
+    }
+
+    /// The value `app` is ranked by in [`Self::standings`] at `now` (the higher, the worse
+    /// off): its standing's rho, or [`Self::passed_over_rho`] when it is starving.
+    pub fn worst_off_by(&self, app: &AppId, now: Timestamp) -> Option<f64> {
+        let participant = self.participants.get(app)?;
+        Some(self.standing_of(participant, now).0)
+    }
+
+    /// An app's standing at `now` and the value it is ranked by.
+    fn standing_of(&self, participant: &Participant, now: Timestamp) -> (f64, Standing) {
+        let id = &participant.app.id;
+        let held = self.held_locations(id);
+        let mut standing_on = held.clone();
+        standing_on.extend(
+            self.live_claims(id)
+                .into_iter()
+                .map(|gpu| self.cluster.location(gpu)),
+        );
+        let context = self.fairness_context(participant, now);
+        let standing_rho = rho(&participant.app, &standing_on, &context);
+        let worst_off_by = standing_rho.map_or_else(
+            || self.passed_over_rho(&participant.app, &context),
+            |rho| rho.get(),
+        );
+        let standing = Standing {
+            app: id.clone(),
+            rho: standing_rho,
+            unmet_demand: (participant.app.current_demand() as usize).saturating_sub(held.len()),
+        };
+        (worst_off_by, standing)
+    }
+
+    /// How badly off a starving app is: the best rho it can still reach if this round passes
+    /// it over, its whole demand ideally placed from one lease later (a GPU leased now is
+    /// free again within a lease). Its rho while it holds nothing is unbounded, which would
+    /// rank every starving app, an app whose lease just ran out among them, ahead of any app
+    /// that holds GPUs however late it will finish; this bound grows by 1 / T_id for every
+    /// second the app waits, so short apps, whose finish-time fairness suffers most from a
+    /// wait, rise fastest.
+    fn passed_over_rho(&self, app: &App, context: &FairnessContext) -> f64 {
+        let ideal = GpuLocation {
+            rack: 0,
+            machine: 0,
+            slot: 0,
+        };
+        let whole_demand = vec![ideal; app.current_demand().max(1) as usize];
+        rho(app, &whole_demand, context).map_or(f64::INFINITY, |rho| rho.get())
+            + self.config.lease_length.as_secs_f64() / independent_finish_time(context)
     }
 
     /// Opens a round: offers the free GPUs to the worst ceil((1-f)*N) apps (at least one)

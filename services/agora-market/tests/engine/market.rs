@@ -338,6 +338,48 @@ fn rejects_a_fairness_knob_outside_its_range() {
     assert!(matches!(result, Err(MarketError::InvalidFairnessKnob(_))));
 }
 
+/// A starving app is ranked by the best rho it can still reach if this round passes it over:
+/// its whole demand from one lease (600 s) later. By hand, on one GPU: "long" (1,000 s alone)
+/// holds it from t = 0 and at t = 100 stands at (100 + 1,000) / (1,000 x 1) = 1.1 (no progress
+/// reported yet). "urgent" (50 s alone) and "patient" (5,000 s alone) arrive then, N_avg 3:
+/// (0 + 50 + 600) / (50 x 3) = 4.33 and (0 + 5,000 + 600) / (5,000 x 3) = 0.373. The paper's
+/// rule (a starving app is infinitely badly off) would put "patient" ahead of "long" too.
+#[test]
+fn a_starving_app_ranks_by_the_rho_it_can_still_reach() {
+    let mut market = market(uniform_cluster(1, 1, 1, 1), 0.0);
+    market
+        .add_app(single_job_app("long", 1, 1_000, 1.0), Timestamp(0))
+        .expect("new app");
+    market
+        .run_round(Timestamp(0), 0)
+        .expect("a GPU to offer")
+        .expect("valid round");
+    let now = Timestamp::from_secs_f64(100.0);
+    for (id, iterations) in [("urgent", 50), ("patient", 5_000)] {
+        market
+            .add_app(single_job_app(id, 1, iterations, 1.0), now)
+            .expect("new app");
+    }
+    let standings = market.standings(now);
+    let order: Vec<&str> = standings.iter().map(|s| s.app.0.as_str()).collect();
+    assert_eq!(order, ["urgent", "long", "patient"]);
+    for (id, expected) in [
+        ("urgent", 650.0 / 150.0),
+        ("long", 1.1),
+        ("patient", 5_600.0 / 15_000.0),
+    ] {
+        let ranked_by = market
+            .worst_off_by(&AppId::from(id), now)
+            .expect("active app");
+        assert!(
+            (ranked_by - expected).abs() < 1e-9,
+            "{id}: {ranked_by} != {expected}"
+        );
+    }
+    assert_eq!(standings[0].rho, None, "urgent holds nothing");
+    assert_eq!(standings[2].rho, None, "patient holds nothing");
+}
+
 /// Two starving apps that arrived together and would finish equally soon on their whole demand
 /// (1 GPU for 54 iterations, 3 GPUs for 162) stand in the same order whatever they are called.
 #[test]
@@ -485,8 +527,9 @@ proptest! {
         }
     }
 
-    /// An app whose lease just expired stands at the rho it had holding those GPUs, so it is
-    /// never ranked ahead of an app that is worse off.
+    /// An app whose lease just expired stands at the rho it had holding those GPUs, never as
+    /// starving, and the standings are ordered worst off first, so it is never ranked ahead of
+    /// an app that is worse off.
     #[test]
     fn an_expired_incumbent_is_ranked_by_the_rho_it_had(scenario in scenario()) {
         play(&scenario, |market, _departed, now, seed| {
@@ -494,25 +537,28 @@ proptest! {
                 outcome.expect("valid round");
             }
             let mut later = market.clone();
+            let then = now.saturating_add(LEASE);
             let expired: BTreeSet<AppId> = later
-                .expire_leases(now.saturating_add(LEASE))
+                .expire_leases(then)
                 .into_iter()
                 .map(|lease| lease.app)
                 .collect();
-            let worst_first = |rho: Option<f64>| rho.unwrap_or(f64::INFINITY);
-            let standings = later.standings(now.saturating_add(LEASE));
-            for (position, standing) in standings.iter().enumerate() {
+            let standings = later.standings(then);
+            let worst_off_by = |app: &AppId| later.worst_off_by(app, then).expect("active app");
+            for pair in standings.windows(2) {
+                prop_assert!(
+                    worst_off_by(&pair[0].app) >= worst_off_by(&pair[1].app),
+                    "{} ({}) is ranked ahead of {} ({})",
+                    pair[0].app, worst_off_by(&pair[0].app), pair[1].app, worst_off_by(&pair[1].app)
+                );
+            }
+            for standing in &standings {
                 if !expired.contains(&standing.app) || later.leases().leases_of(&standing.app).next().is_some() {
                     continue;
                 }
-                prop_assert!(standing.rho.is_some(), "{} is ranked as starving", standing.app);
-                for after in &standings[position + 1..] {
-                    prop_assert!(
-                        worst_first(after.rho.map(|rho| rho.get())) <= worst_first(standing.rho.map(|rho| rho.get())),
-                        "{} (rho {:?}) is ranked ahead of {} (rho {:?})",
-                        standing.app, standing.rho, after.app, after.rho
-                    );
-                }
+                let rho = standing.rho.map(|rho| rho.get());
+                prop_assert!(rho.is_some(), "{} is ranked as starving", standing.app);
+                prop_assert_eq!(rho, Some(worst_off_by(&standing.app)));
             }
             Ok(())
         })?;
