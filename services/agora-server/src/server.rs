@@ -45,11 +45,14 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops taking requests, finishes the ones in flight, and stops the arbiter.
+    /// Stops taking requests, finishes the ones in flight, stops the arbiter and waits until
+    /// every decision it made is written.
     pub async fn stop(&self) {
         self.http.stop(true).await;
         self.token_changes.abort();
-        self.arbiter.do_send(crate::actors::Shutdown);
+        // Returns once the arbiter has stopped and its decisions are written; an arbiter that
+        // already stopped on its own has nothing left to write.
+        let _ = self.arbiter.send(crate::actors::Shutdown).await;
     }
 
     /// Why the arbiter stopped on its own (a decision the database refused); never returns if

@@ -4,7 +4,10 @@ mod support;
 
 use std::time::Duration;
 
+use agora_market::time::Timestamp;
+use agora_market::topology::{Cluster, ClusterSpec};
 use agora_server::audit::replay_round;
+use agora_server::store::{AppEvent, Commit, Store, Writer};
 use serde_json::{json, Value};
 use support::{active, config, fresh_database, serve, start_clock, ADMIN};
 
@@ -604,4 +607,42 @@ async fn a_renewed_lease_keeps_its_gpus() {
     assert_ne!(renewal["id"], active(&first)[0]["id"], "a new lease");
     assert_eq!(gpus(renewal), held, "on the same GPUs");
     service.running.stop().await;
+}
+
+/// Once a decision cannot be written, no later one is: the database keeps an exact prefix of
+/// the arbiter's decisions (a later one was made on the state the failed one left in memory).
+/// A flush answers once everything queued before it is done.
+#[actix_web::test]
+async fn after_a_failed_decision_the_writer_writes_nothing_later() {
+    let store = Store::connect(&fresh_database().await)
+        .await
+        .expect("database");
+    let cluster = Cluster::from_spec(&ClusterSpec::uniform(1, 1, 1, 1)).expect("cluster");
+    store.sync_fleet(&cluster).await.expect("fleet");
+    let gpu = cluster.gpus().next().expect("one GPU").1.id.0.clone();
+    let writer = Writer::spawn(store.clone());
+    let now = Timestamp(0);
+    let refused = Commit {
+        events: vec![AppEvent {
+            app: 999_999,
+            kind: "lease_ended",
+            payload: json!({}),
+        }],
+        ..Commit::default()
+    };
+    assert!(
+        writer.commit(refused, now).await.is_err(),
+        "an event for an app that does not exist is refused"
+    );
+    let drain = Commit {
+        gpu_health: vec![(gpu, false)],
+        ..Commit::default()
+    };
+    assert!(writer.commit(drain, now).await.is_err());
+    writer.flush().await;
+    assert_eq!(
+        store.unhealthy_gpus().await.expect("read"),
+        Vec::<String>::new(),
+        "the later decision is not written"
+    );
 }

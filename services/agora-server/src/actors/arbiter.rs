@@ -660,13 +660,16 @@ fn random_seed() -> u64 {
     u64::from_le_bytes(bytes)
 }
 
+/// Stops deciding, then answers once every decision already made is durable, so that a
+/// service started next on the same database restores all of them and races none.
 impl Handler<super::Shutdown> for Arbiter {
-    type Result = ();
+    type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, _: super::Shutdown, ctx: &mut Self::Context) {
+    fn handle(&mut self, _: super::Shutdown, ctx: &mut Self::Context) -> Self::Result {
         if let Some(timers) = self.timers.take() {
             timers.do_send(super::Shutdown);
         }
         ctx.stop();
+        Box::pin(self.writer.flush())
     }
 }

@@ -75,6 +75,8 @@ enum Job {
     },
     /// A decision, stamped `now`; handed back once durable.
     Decision(Box<Commit>, Timestamp, Reply<Box<Commit>>),
+    /// Answered once every job queued before it has been written (or has failed).
+    Flush(oneshot::Sender<()>),
 }
 
 /// The handle to the writer; cheap to clone. The task ends when every handle is dropped.
@@ -135,6 +137,19 @@ impl Writer {
         async move { answered(queued, answer).await?.map(|commit| *commit) }
     }
 
+    /// Resolves once every job queued before this call has been written or has failed: after
+    /// it, nothing queued earlier can still reach the database.
+    pub fn flush(&self) -> impl Future<Output = ()> + use<> {
+        let (done, flushed) = oneshot::channel();
+        let queued = self.queue(Job::Flush(done));
+        async move {
+            if queued {
+                // A writer that stopped has nothing left to write either.
+                let _ = flushed.await;
+            }
+        }
+    }
+
     fn queue(&self, job: Job) -> bool {
         self.jobs.send(job).is_ok()
     }
@@ -147,8 +162,17 @@ async fn answered<T>(queued: bool, answer: oneshot::Receiver<T>) -> Result<T, St
     answer.await.map_err(|_| StoreError::WriterStopped)
 }
 
+/// Writes the jobs in batches, in order. Once a batch fails, every later job fails with its
+/// error unwritten: later decisions were made on the state the failed one left in memory, so
+/// the database keeps an exact prefix of the decisions (the arbiter stops on the failure and a
+/// restart restores that prefix).
 async fn write_jobs(store: Store, mut queue: mpsc::UnboundedReceiver<Job>) {
+    let mut failed: Option<Arc<StoreError>> = None;
     while let Some(first) = queue.recv().await {
+        if let Some(error) = &failed {
+            first.fail(error);
+            continue;
+        }
         let mut jobs = vec![first];
         while jobs.len() < MAX_BATCH {
             match queue.try_recv() {
@@ -156,7 +180,7 @@ async fn write_jobs(store: Store, mut queue: mpsc::UnboundedReceiver<Job>) {
                 Err(_) => break,
             }
         }
-        write_batch(&store, jobs).await;
+        failed = write_batch(&store, jobs).await.err();
     }
 }
 
@@ -165,20 +189,25 @@ enum Taken {
     Bid(Reply<BidInsert>, Option<BidInsert>),
     Lookup(Reply<Option<i64>>, Option<Option<i64>>),
     Decision(Reply<Box<Commit>>, Box<Commit>),
+    Flush(oneshot::Sender<()>),
 }
 
 /// Writes `jobs` in order in one transaction and answers each once it is committed; if any
-/// fails, nothing is written and every job gets the error.
-async fn write_batch(store: &Store, jobs: Vec<Job>) {
+/// fails, nothing is written and every job gets the error, which is returned.
+async fn write_batch(store: &Store, jobs: Vec<Job>) -> Result<(), Arc<StoreError>> {
     let mut taken = Vec::with_capacity(jobs.len());
     let mut pending = jobs.into_iter().peekable();
     match write_in_order(store, &mut pending, &mut taken).await {
-        Ok(()) => taken.into_iter().for_each(Taken::succeed),
+        Ok(()) => {
+            taken.into_iter().for_each(Taken::succeed);
+            Ok(())
+        }
         Err(error) => {
             let error = Arc::new(error);
             taken.into_iter().for_each(|job| job.fail(&error));
             // Jobs not reached when the batch failed.
             pending.for_each(|job| job.fail(&error));
+            Err(error)
         }
     }
 }
@@ -189,6 +218,7 @@ impl Taken {
             Self::Bid(reply, Some(result)) => drop(reply.send(Ok(result))),
             Self::Lookup(reply, Some(result)) => drop(reply.send(Ok(result))),
             Self::Decision(reply, commit) => drop(reply.send(Ok(commit))),
+            Self::Flush(done) => drop(done.send(())),
             // Only a failed statement leaves an answer unknown, and then the batch failed.
             Self::Bid(reply, None) => drop(reply.send(Err(StoreError::WriterStopped))),
             Self::Lookup(reply, None) => drop(reply.send(Err(StoreError::WriterStopped))),
@@ -200,6 +230,7 @@ impl Taken {
             Self::Bid(reply, _) => send_failure(reply, error),
             Self::Lookup(reply, _) => send_failure(reply, error),
             Self::Decision(reply, _) => send_failure(reply, error),
+            Self::Flush(done) => drop(done.send(())),
         }
     }
 }
@@ -210,6 +241,7 @@ impl Job {
             Self::Bid(_, reply) => send_failure(reply, error),
             Self::Lookup { reply, .. } => send_failure(reply, error),
             Self::Decision(_, _, reply) => send_failure(reply, error),
+            Self::Flush(done) => drop(done.send(())),
         }
     }
 }
@@ -264,6 +296,8 @@ async fn write_in_order(
                 taken.push(Taken::Decision(reply, commit));
                 written.map_err(StoreError::from_write)?;
             }
+            // Answered with the batch: when it commits or fails, all before it has.
+            Job::Flush(done) => taken.push(Taken::Flush(done)),
         }
     }
     tx.commit().await.map_err(StoreError::from_write)
