@@ -44,15 +44,22 @@ pub async fn fresh_database() -> String {
     format!("{}/{name}", postgres_url())
 }
 
-/// Four GPUs: two machines of one slot of two.
+/// Four GPUs: two machines of one slot of two. Written once per test process: tests run in
+/// parallel, and rewriting the file while another test's service reads it gave an empty file.
 pub fn tiny_fleet() -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("agora-fleet-{}.toml", std::process::id()));
-    std::fs::write(
-        &path,
-        "[[racks]]\n[[racks.machines]]\ncount = 2\nslots = 1\ngpus_per_slot = 2\ngpu_type = \"A100\"\n",
-    )
-    .expect("write fleet");
-    path
+    static FLEET: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    FLEET
+        .get_or_init(|| {
+            let path =
+                std::env::temp_dir().join(format!("agora-fleet-{}.toml", std::process::id()));
+            std::fs::write(
+                &path,
+                "[[racks]]\n[[racks.machines]]\ncount = 2\nslots = 1\ngpus_per_slot = 2\ngpu_type = \"A100\"\n",
+            )
+            .expect("write fleet");
+            path
+        })
+        .clone()
 }
 
 pub fn config(database_url: &str) -> ServerConfig {
