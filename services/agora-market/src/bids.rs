@@ -73,7 +73,11 @@ pub fn generate_bid(
         .collect();
     let candidates = Candidates::new(offer, &renewal, held, config.alternatives_per_level);
     let full_demand = job_placed_bundle(app, held, offer, unmet);
-    let mut counts = bundle_sizes(unmet, config.max_entries);
+    // Room for every alternative of each count: with one entry per count, apps that want
+    // many GPUs all bid for the same best-placed bundles and can only be served together
+    // with tiny ones.
+    let alternatives = config.alternatives_per_level.max(1);
+    let mut counts = bundle_sizes(unmet, (config.max_entries / alternatives).max(1));
     if !renewal.is_empty() && !counts.contains(&renewal.len()) {
         counts.push(renewal.len());
         counts.sort_unstable();

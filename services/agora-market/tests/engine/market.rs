@@ -564,3 +564,26 @@ proptest! {
         })?;
     }
 }
+
+/// Two starving apps that each want the whole cluster bid for different racks as well as the
+/// same ones, so the auction can serve both with large bundles. With one bundle per size in
+/// each table, both bid for the same nested GPUs, and serving both left each with a GPU or two
+/// (seen at 256 GPUs: 2 of 128 offered GPUs to the two worst apps).
+#[test]
+fn starving_apps_that_want_everything_are_served_with_large_bundles() {
+    let mut market = market(uniform_cluster(2, 4, 2, 4), 0.0);
+    for id in ["a", "b"] {
+        market
+            .add_app(single_job_app(id, 64, 100_000, 1.0), Timestamp(0))
+            .expect("new app");
+    }
+    let outcome = market
+        .run_round(Timestamp(0), 0)
+        .expect("GPUs to offer")
+        .expect("valid round");
+    let pf = &auction(&outcome).outcome.pf_gpus;
+    for id in ["a", "b"] {
+        let bundle = pf[&AppId::from(id)].len();
+        assert!(bundle >= 16, "{id}'s PF bundle has {bundle} of 64 GPUs");
+    }
+}
