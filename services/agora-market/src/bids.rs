@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::App;
 use crate::auction::{AppBid, BidEntry, Offer};
-use crate::fairness::{job_widths, place_widths, rho, FairnessContext};
+use crate::fairness::{independent_finish_time, job_widths, place_widths, rho, FairnessContext};
 use crate::rho::{Rho, RhoOld};
 use crate::topology::{GpuId, GpuLocation, PlacementIndex};
 
@@ -86,17 +86,33 @@ pub fn generate_bid(
     let mut bids = Vec::new();
     let mut combined: Vec<GpuLocation> = Vec::with_capacity(held.len() + unmet);
     let mut best_smaller = f64::INFINITY;
+    // A move restarts the jobs on the claimed GPUs it leaves: its rho counts the pause.
+    let restart = context.restart_pause_seconds / independent_finish_time(context);
     for count in counts {
         let mut valued: Vec<(f64, Vec<usize>)> = Vec::new();
         let job_placed = full_demand
             .iter()
             .filter(|bundle| bundle.len() == count)
             .cloned();
-        for subset in candidates.of_size(count).into_iter().chain(job_placed) {
+        let proposals = candidates
+            .of_size(count)
+            .into_iter()
+            .chain(job_placed)
+            .map(|subset| (subset, 0.0))
+            .chain(
+                candidates
+                    .moves(count)
+                    .into_iter()
+                    .map(|subset| (subset, restart)),
+            );
+        for (subset, pause) in proposals {
             combined.clear();
             combined.extend_from_slice(held);
             combined.extend(subset.iter().map(|&item| offer.placement.location(item)));
-            let Some(value) = rho(app, &combined, context) else {
+            let Some(value) = rho(app, &combined, context).map(|rho| rho.get() + pause) else {
+                continue;
+            };
+            let Ok(value) = Rho::new(value) else {
                 continue;
             };
             if improves(value.get(), rho_old)
@@ -133,10 +149,12 @@ pub fn generate_bid(
 /// The bundles an agent considers. An app with no claim takes well-placed bundles of the
 /// offer near what it holds. An app whose lease just ended (its jobs still run on the claimed
 /// GPUs, `renewal`) keeps them: it bids for subsets of them, them whole, or them plus
-/// well-placed GPUs near them, never for a move its jobs would pay a restart for.
+/// well-placed GPUs near them; a move elsewhere ([`Candidates::moves`]) is valued with the
+/// restart it costs.
 struct Candidates<'a> {
     offer: &'a PreparedOffer,
     renewal: &'a [usize],
+    held: &'a [GpuLocation],
     anchors: Vec<GpuLocation>,
     per_level: usize,
     /// Placement over the claimed GPUs and over the rest of the offer; their positions map
@@ -150,7 +168,7 @@ impl<'a> Candidates<'a> {
     fn new(
         offer: &'a PreparedOffer,
         renewal: &'a [usize],
-        held: &[GpuLocation],
+        held: &'a [GpuLocation],
         per_level: usize,
     ) -> Self {
         let location = |item: &usize| offer.placement.location(*item);
@@ -166,6 +184,7 @@ impl<'a> Candidates<'a> {
         Self {
             offer,
             renewal,
+            held,
             anchors,
             per_level,
             claimed: PlacementIndex::new(renewal.iter().map(location).collect()),
@@ -205,6 +224,20 @@ impl<'a> Candidates<'a> {
                 bundle
             })
             .collect()
+    }
+}
+
+impl Candidates<'_> {
+    /// For an app whose lease just ended, well-placed bundles of `count` offered GPUs near
+    /// what it still holds, wherever its claimed GPUs are: a move, so that a job placed badly
+    /// while GPUs were scarce can be placed well once they are not.
+    fn moves(&self, count: usize) -> Vec<Vec<usize>> {
+        if self.renewal.is_empty() {
+            return Vec::new();
+        }
+        self.offer
+            .placement
+            .candidate_subsets(count, self.held, self.per_level)
     }
 }
 

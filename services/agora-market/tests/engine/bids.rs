@@ -3,10 +3,10 @@
 use agora_market::app::{App, AppKind, PlacementSlowdown};
 use agora_market::auction::Offer;
 use agora_market::bids::{generate_bid, BidConfig, PreparedOffer};
-use agora_market::fairness::{rho, FairnessContext};
+use agora_market::fairness::{independent_finish_time, rho, FairnessContext};
 use agora_market::time::Timestamp;
 use agora_market::topology::{
-    Cluster, ClusterSpec, GpuIndex, GpuLocation, MachineSpec, RackSpec, SlotSpec,
+    Cluster, ClusterSpec, GpuId, GpuIndex, GpuLocation, MachineSpec, RackSpec, SlotSpec,
 };
 use proptest::prelude::*;
 
@@ -141,5 +141,65 @@ fn table_respects_the_cap_for_large_demands() {
     assert!(
         bid.bids.iter().any(|entry| entry.gpus.len() == 200),
         "the whole demand is bid for"
+    );
+}
+
+/// An app whose lease on two GPUs of another machine just ended may move them next to the two
+/// it still holds, once that machine has room: a job placed badly while GPUs were scarce is not
+/// stuck there for the rest of its life. The move's rho counts the restart it costs.
+#[test]
+fn a_renewing_app_bids_to_move_next_to_what_it_holds() {
+    let cluster = Cluster::from_spec(&ClusterSpec::uniform(1, 2, 1, 4)).expect("valid spec");
+    let mut app = single_job_app("a", 4, 100_000, 1.0);
+    let AppKind::SingleJob { job } = &mut app.kind else {
+        unreachable!()
+    };
+    job.slowdown = PlacementSlowdown {
+        same_slot: 1.0,
+        same_machine: 1.0,
+        same_rack: 1.5,
+        cross_rack: 3.0,
+    };
+    let gpu = |name: &str| cluster.index_of(&GpuId::from(name)).expect("named gpu");
+    let held: Vec<GpuLocation> = ["m0-g0", "m0-g1"]
+        .iter()
+        .map(|name| cluster.location(gpu(name)))
+        .collect();
+    let claimed = [GpuId::from("m1-g0"), GpuId::from("m1-g1")];
+    let free: Vec<GpuIndex> = ["m0-g2", "m0-g3", "m1-g0", "m1-g1", "m1-g2", "m1-g3"]
+        .iter()
+        .map(|name| gpu(name))
+        .collect();
+    let offer = PreparedOffer::new(Offer::from_cluster(&cluster, &free));
+    let context = context();
+    let bid = generate_bid(
+        &app,
+        &held,
+        &claimed,
+        &offer,
+        &context,
+        &BidConfig::default(),
+    );
+
+    let best_pair = bid
+        .bids
+        .iter()
+        .filter(|entry| entry.gpus.len() == 2)
+        .min_by(|a, b| a.rho.get().total_cmp(&b.rho.get()))
+        .expect("a bid for two GPUs");
+    let mut moved = best_pair.gpus.clone();
+    moved.sort();
+    assert_eq!(moved, [GpuId::from("m0-g2"), GpuId::from("m0-g3")]);
+    let mut together = held.clone();
+    together.extend(moved.iter().map(|id| cluster.location(gpu(&id.0))));
+    let restart = context.restart_pause_seconds / independent_finish_time(&context);
+    let expected = rho(&app, &together, &context).expect("GPUs held").get() + restart;
+    assert!((best_pair.rho.get() - expected).abs() < 1e-12);
+    let mut renewed = held.clone();
+    renewed.extend(claimed.iter().map(|id| cluster.location(gpu(&id.0))));
+    let renewing = rho(&app, &renewed, &context).expect("GPUs held").get();
+    assert!(
+        renewing > best_pair.rho.get(),
+        "the move pays for its restart"
     );
 }
