@@ -189,6 +189,30 @@ fn strings(value: &Value) -> Vec<String> {
         .collect()
 }
 
+/// `--timings` reports every phase on standard error and leaves the outcome on standard output
+/// unchanged.
+#[test]
+fn timings_report_each_phase_on_standard_error() {
+    let path = example_path();
+    let path = path.to_str().expect("UTF-8 path");
+    let plain = agora(&["auction", "solve", path], None);
+    let timed = agora(&["auction", "solve", path, "--timings"], None);
+    assert!(timed.status.success(), "agora failed: {timed:?}");
+    let timed_outcome: Value = serde_json::from_slice(&timed.stdout).expect("stdout is JSON");
+    assert_eq!(timed_outcome, stdout_json(&plain), "no timings unless asked");
+    let report = String::from_utf8(timed.stderr).expect("UTF-8");
+    for phase in ["validation", "pf solve", "payments", "rounding", "total"] {
+        assert!(report.contains(phase), "no {phase} line in:\n{report}");
+    }
+    // The example's one conflict component (speech-sweep and lm-finetune both want gpu-3)
+    // is settled by its LP relaxation, and so is the payment of its one contested winner.
+    assert!(report.contains("1 by LP relaxation"), "{report}");
+    assert!(
+        report.contains("certified, 0 solved, 0 fallbacks"),
+        "{report}"
+    );
+}
+
 /// The README's example: every app appears in every map, allocations are subsets of PF
 /// bundles, shares lie in (0, 1], the starving winner keeps a GPU, and the leftovers are the
 /// offered GPUs nobody keeps, in offer order.

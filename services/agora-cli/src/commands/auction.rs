@@ -1,11 +1,14 @@
-//! `agora auction solve [FILE|-]`: runs one partial-allocation auction on a JSON instance and
-//! prints its outcome as JSON.
+//! `agora auction solve [FILE|-] [--timings]`: runs one partial-allocation auction on a JSON
+//! instance and prints its outcome as JSON (and, with `--timings`, where the time went).
 
 use std::fmt;
 use std::io::{self, IsTerminal, Read, Write};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use agora_market::auction::{run_auction, AppBid, AuctionError, AuctionOutcome, Offer};
+use agora_market::auction::{
+    AppBid, Auction, AuctionError, AuctionOutcome, Offer, PaymentStats, PfStats,
+};
 use agora_market::topology::GpuId;
 use clap::{Args, Subcommand};
 use serde::Deserialize;
@@ -20,7 +23,7 @@ pub enum AuctionCommand {
     /// FILE is `-` or absent; `seed` is optional and defaults to 0. Prints {"pf", "pf_gpus",
     /// "c", "allocation", "unallocated"} on standard output. Invalid input prints one
     /// `error: ...` line on standard error and exits with code 2. README.md documents both
-    /// formats.
+    /// formats. With --timings, the time of each phase goes to standard error.
     Solve(SolveArgs),
 }
 
@@ -29,6 +32,10 @@ pub struct SolveArgs {
     /// The auction instance as JSON; `-` or nothing reads standard input.
     #[arg(value_name = "FILE|-")]
     input: Option<PathBuf>,
+    /// Print the time of each phase (validation, PF solve, payments certified vs solved,
+    /// rounding) on standard error.
+    #[arg(long)]
+    timings: bool,
 }
 
 impl AuctionCommand {
@@ -155,7 +162,7 @@ fn solve(args: &SolveArgs) -> Result<(), SolveError> {
         return Err(SolveError::NoInput);
     }
     let instance = read_instance(&source)?;
-    let outcome = solve_instance(&instance).map_err(|cause| match cause {
+    let (outcome, timings) = solve_instance(&instance).map_err(|cause| match cause {
         AuctionError::Solver { .. } => SolveError::Solver {
             source_name: source.clone(),
             cause,
@@ -165,6 +172,9 @@ fn solve(args: &SolveArgs) -> Result<(), SolveError> {
             cause,
         },
     })?;
+    if args.timings {
+        eprint!("{timings}");
+    }
     write_outcome(&outcome)
 }
 
@@ -188,9 +198,73 @@ fn read_instance(source: &Source) -> Result<AuctionInstance, SolveError> {
     })
 }
 
-fn solve_instance(instance: &AuctionInstance) -> Result<AuctionOutcome, AuctionError> {
+fn solve_instance(instance: &AuctionInstance) -> Result<(AuctionOutcome, Timings), AuctionError> {
     let offer = Offer::without_topology(instance.gpus.iter().cloned());
-    run_auction(&offer, &instance.apps, instance.seed)
+    let started = Instant::now();
+    let auction = Auction::new(&offer, &instance.apps)?;
+    let validation = started.elapsed();
+    let started = Instant::now();
+    let pf = auction.proportional_fair()?;
+    let pf_solve = started.elapsed();
+    let started = Instant::now();
+    let payments = auction.payments(&pf)?;
+    let payment_solves = started.elapsed();
+    let started = Instant::now();
+    let outcome = auction.settle(&pf, &payments, instance.seed);
+    let rounding = started.elapsed();
+    let timings = Timings {
+        validation,
+        pf_solve,
+        pf: pf.stats(),
+        payment_solves,
+        payments: payments.stats(),
+        rounding,
+    };
+    Ok((outcome, timings))
+}
+
+/// Where one solve's time went, phase by phase.
+struct Timings {
+    validation: Duration,
+    pf_solve: Duration,
+    pf: PfStats,
+    payment_solves: Duration,
+    payments: PaymentStats,
+    rounding: Duration,
+}
+
+impl fmt::Display for Timings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let millis = |duration: Duration| duration.as_secs_f64() * 1e3;
+        let (pf, payments) = (&self.pf, &self.payments);
+        let total = self.validation + self.pf_solve + self.payment_solves + self.rounding;
+        writeln!(f, "timings (ms):")?;
+        writeln!(
+            f,
+            "  validation  {:>10.3}  ({} conflict components)",
+            millis(self.validation),
+            pf.components
+        )?;
+        writeln!(
+            f,
+            "  pf solve    {:>10.3}  ({} alone, {} by LP relaxation, {} by branch and bound)",
+            millis(self.pf_solve),
+            pf.alone,
+            pf.by_relaxation,
+            pf.by_branch_and_bound
+        )?;
+        writeln!(
+            f,
+            "  payments    {:>10.3}  ({} payers: {} certified, {} solved, {} fallbacks)",
+            millis(self.payment_solves),
+            payments.payers,
+            payments.certified,
+            payments.solved,
+            payments.fallbacks
+        )?;
+        writeln!(f, "  rounding    {:>10.3}", millis(self.rounding))?;
+        writeln!(f, "  total       {:>10.3}", millis(total))
+    }
 }
 
 fn write_outcome(outcome: &AuctionOutcome) -> Result<(), SolveError> {

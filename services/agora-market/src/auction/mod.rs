@@ -14,6 +14,8 @@
 
 mod solver;
 
+pub use solver::{PaymentBudget, PaymentStats, PfStats};
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rand::{RngExt, SeedableRng};
@@ -115,6 +117,11 @@ pub struct AuctionOutcome {
     /// Offered GPUs nobody keeps: hidden payments plus GPUs no PF bundle used. These are the
     /// round's leftovers.
     pub unallocated: Vec<GpuId>,
+    /// Winners whose payment could not be computed within the [`PaymentBudget`]: they keep
+    /// c = 1 (their whole PF bundle) instead of the exact share (docs/mechanism.md). The budget
+    /// counts branch-and-bound nodes, not seconds, so a replay reaches the same list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub payment_fallbacks: Vec<AppId>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -157,9 +164,84 @@ pub fn run_auction(
     bids: &[AppBid],
     seed: u64,
 ) -> Result<AuctionOutcome, AuctionError> {
-    let instance = Instance::build(offer, bids)?;
-    let choice = solver::solve(&instance)?;
-    Ok(instance.settle(&choice, seed))
+    let auction = Auction::new(offer, bids)?;
+    let pf = auction.proportional_fair()?;
+    let payments = auction.payments(&pf)?;
+    Ok(auction.settle(&pf, &payments, seed))
+}
+
+/// An auction run phase by phase, so that a caller can see where the time goes (`agora auction
+/// solve --timings`): [`run_auction`] is `new`, `proportional_fair`, `payments`, `settle`.
+#[derive(Debug)]
+pub struct Auction<'a> {
+    instance: Instance<'a>,
+    structure: solver::Structure,
+}
+
+/// The PF choice of an [`Auction`].
+#[derive(Debug, Clone)]
+pub struct PfChoice {
+    options: Choice,
+    stats: PfStats,
+}
+
+impl PfChoice {
+    pub fn stats(&self) -> PfStats {
+        self.stats
+    }
+}
+
+/// The hidden payments of an [`Auction`].
+#[derive(Debug)]
+pub struct Payments {
+    shares: solver::Shares,
+}
+
+impl Payments {
+    pub fn stats(&self) -> PaymentStats {
+        self.shares.stats
+    }
+}
+
+impl<'a> Auction<'a> {
+    /// Validates the bids against the offer (see [`validate_bid`]) and finds the conflict
+    /// structure.
+    pub fn new(offer: &'a Offer, bids: &'a [AppBid]) -> Result<Self, AuctionError> {
+        let instance = Instance::build(offer, bids)?;
+        let structure = solver::Structure::of(&instance);
+        Ok(Self {
+            instance,
+            structure,
+        })
+    }
+
+    /// The proportional-fair choice.
+    pub fn proportional_fair(&self) -> Result<PfChoice, AuctionError> {
+        let (options, stats) = solver::proportional_fair(&self.instance, &self.structure)?;
+        Ok(PfChoice { options, stats })
+    }
+
+    /// Every bidder's hidden payment within the default budget, the one rounds use.
+    pub fn payments(&self, pf: &PfChoice) -> Result<Payments, AuctionError> {
+        self.payments_within(pf, PaymentBudget::default())
+    }
+
+    /// Every bidder's hidden payment; a payment that needs more than `budget` falls back to
+    /// c = 1 and is listed in [`AuctionOutcome::payment_fallbacks`].
+    pub fn payments_within(
+        &self,
+        pf: &PfChoice,
+        budget: PaymentBudget,
+    ) -> Result<Payments, AuctionError> {
+        let shares = solver::payments(&self.instance, &self.structure, &pf.options, budget)?;
+        Ok(Payments { shares })
+    }
+
+    /// Rounds the shares to whole GPUs with the seeded RNG and gives each winner concrete
+    /// GPUs.
+    pub fn settle(&self, pf: &PfChoice, payments: &Payments, seed: u64) -> AuctionOutcome {
+        self.instance.settle(&pf.options, &payments.shares, seed)
+    }
 }
 
 /// An auction with GPUs aggregated into classes of interchangeable GPUs and bundles into
@@ -303,9 +385,9 @@ impl<'a> Instance<'a> {
     }
 
     /// Turns the solver's choice and payments into allocations of concrete GPUs.
-    fn settle(&self, choice: &solver::Solution, seed: u64) -> AuctionOutcome {
+    fn settle(&self, options: &Choice, shares: &solver::Shares, seed: u64) -> AuctionOutcome {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let pf_gpus = self.assign_concrete_gpus(&choice.options);
+        let pf_gpus = self.assign_concrete_gpus(options);
         let locations: HashMap<&GpuId, GpuLocation> = self
             .offer
             .gpus
@@ -316,8 +398,11 @@ impl<'a> Instance<'a> {
         let mut kept_anywhere = HashSet::new();
         for (index, bidder) in self.bidders.iter().enumerate() {
             let app = &bidder.bid.app;
-            let share = choice.shares[index];
-            let chosen = choice.options[index].map(|option| bidder.options[option].entry);
+            let share = shares.shares[index];
+            if shares.fallback[index] {
+                outcome.payment_fallbacks.push(app.clone());
+            }
+            let chosen = options[index].map(|option| bidder.options[option].entry);
             let bundle = &pf_gpus[index];
             let keep = if bundle.is_empty() {
                 0
@@ -331,6 +416,7 @@ impl<'a> Instance<'a> {
             outcome.pf_gpus.insert(app.clone(), bundle.clone());
             outcome.allocation.insert(app.clone(), kept);
         }
+        outcome.payment_fallbacks.sort();
         outcome.unallocated = self
             .offer
             .ids()

@@ -1,4 +1,4 @@
-//! The auction's binary programs, solved by HiGHS.
+//! The auction's programs, solved by HiGHS.
 //!
 //! A naive formulation (one column per bid, one row per GPU, N + 1 full solves) is as slow as
 //! the paper. This one exploits the structure:
@@ -6,75 +6,672 @@
 //! - a class whose total demand fits its capacity cannot cause a conflict and gets no row;
 //! - bidders are split into independent components of the conflict graph (bidders linked by
 //!   contested classes); a component of one bidder needs no solver at all;
-//! - the payment of bidder i re-solves only i's component without i. (Passing x* minus i to
-//!   HiGHS as a MIP start was measured to make these solves slower, so none is passed; see
-//!   BENCHMARKS.md.)
-//! - all programs of a stage run in parallel, one HiGHS thread each.
+//! - every program is first solved as its LP relaxation; when the LP optimum is integral it is
+//!   the binary program's optimum too, and no branch and bound runs;
+//! - the payment of bidder i re-solves only i's component without i, on one LP model per
+//!   group of payers that only changes the payer's column bounds between payments, so each
+//!   re-solve is a few dual simplex iterations from the previous basis; a winner whose bundle
+//!   uses no contested class pays nothing (c_i = 1) without any solve;
+//! - only a payment whose LP is fractional gets a binary program, within a deterministic
+//!   budget of branch-and-bound nodes ([`PaymentBudget`]); past it, the payer keeps c_i = 1
+//!   and is reported as a fallback (docs/mechanism.md);
+//! - the groups of payers, and the components' PF programs, run in parallel, one HiGHS thread
+//!   each.
 
 use std::num::NonZeroU32;
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use highs::{HighsModelStatus, RowProblem, Sense};
+use highs::{Col, HighsModelStatus, Model, RowProblem, Sense};
+use serde::{Deserialize, Serialize};
 
 use super::{AuctionError, Choice, Instance};
 
-/// The PF choice and every bidder's hidden-payment share c_i.
-#[derive(Debug)]
-pub(super) struct Solution {
-    pub options: Choice,
-    pub shares: Vec<f64>,
+/// Payers whose payments share one LP model (and one worker). Fixed, not derived from the
+/// number of cores, so that which basis each re-solve starts from, and hence every result,
+/// is the same on every machine.
+const PAYERS_PER_MODEL: usize = 8;
+
+/// How much branch and bound a payment may use when its LP relaxation is fractional. Counted
+/// in nodes, not seconds, so that a replay of the auction takes the same decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaymentBudget {
+    pub branch_and_bound_nodes: u32,
 }
 
-pub(super) fn solve(instance: &Instance) -> Result<Solution, AuctionError> {
-    let contested = contested_classes(instance);
-    let components = conflict_components(instance, &contested);
+impl Default for PaymentBudget {
+    /// Far above what the benchmarked payments need (BENCHMARKS.md), and a few tens of
+    /// milliseconds of work for the largest programs measured.
+    fn default() -> Self {
+        Self {
+            branch_and_bound_nodes: 2_000,
+        }
+    }
+}
+
+/// How the PF choice was found, per component.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PfStats {
+    /// Independent components of the conflict graph.
+    pub components: usize,
+    /// Components of one bidder, which takes its best option without a solver.
+    pub alone: usize,
+    /// Components whose LP relaxation had an integral optimum.
+    pub by_relaxation: usize,
+    /// Components that needed branch and bound.
+    pub by_branch_and_bound: usize,
+}
+
+/// How the hidden payments were found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaymentStats {
+    /// PF winners in components of two or more bidders (the others pay nothing by definition).
+    pub payers: usize,
+    /// Payments known exactly without branch and bound: the payer's bundle uses no contested
+    /// class, or the LP relaxation without the payer has an integral optimum.
+    pub certified: usize,
+    /// Payments that needed branch and bound and finished within the budget.
+    pub solved: usize,
+    /// Payments that did not finish within the budget: the payer keeps c_i = 1.
+    pub fallbacks: usize,
+}
+
+/// Every bidder's hidden-payment share c_i.
+#[derive(Debug)]
+pub(super) struct Shares {
+    pub shares: Vec<f64>,
+    /// Bidders whose payment fell back to c_i = 1.
+    pub fallback: Vec<bool>,
+    pub stats: PaymentStats,
+}
+
+/// The conflict structure of an instance, known before any program is solved.
+#[derive(Debug)]
+pub(super) struct Structure {
+    /// Classes whose total demand (each bidder's largest count in it) exceeds the capacity.
+    /// Only these can make bundles conflict, so only these get rows.
+    contested: Vec<bool>,
+    /// Bidders that compete, directly or transitively, for a contested class.
+    components: Vec<Vec<usize>>,
+}
+
+impl Structure {
+    pub fn of(instance: &Instance) -> Self {
+        let contested = contested_classes(instance);
+        let components = conflict_components(instance, &contested);
+        Self {
+            contested,
+            components,
+        }
+    }
+}
+
+/// The PF choice: lexicographic maximum Nash welfare (see [`pf_choice`]), per component.
+pub(super) fn proportional_fair(
+    instance: &Instance,
+    structure: &Structure,
+) -> Result<(Choice, PfStats), AuctionError> {
     let context = Context {
         instance,
-        contested: &contested,
+        contested: &structure.contested,
     };
-    let pf_choices = tracing::info_span!("pf_solve", components = components.len())
-        .in_scope(|| parallel_map(&components, |members| pf_choice(&context, members)));
+    let components = &structure.components;
+    let choices = tracing::info_span!("pf_solve", components = components.len())
+        .in_scope(|| parallel_map(components, |members| pf_choice(&context, members)));
     let mut options: Choice = vec![None; instance.bidders.len()];
-    for (members, choice) in components.iter().zip(pf_choices) {
-        for (&member, option) in members.iter().zip(choice?) {
+    let mut stats = PfStats {
+        components: components.len(),
+        ..PfStats::default()
+    };
+    for (members, choice) in components.iter().zip(choices) {
+        let (choice, method) = choice?;
+        match method {
+            Method::Alone => stats.alone += 1,
+            Method::Relaxation => stats.by_relaxation += 1,
+            Method::BranchAndBound => stats.by_branch_and_bound += 1,
+        }
+        for (&member, option) in members.iter().zip(choice) {
             options[member] = option;
         }
     }
-    // Only winners in components of two or more bidders pay anything.
-    let payers: Vec<(usize, &Vec<usize>)> = components
+    Ok((options, stats))
+}
+
+/// Every bidder's share c_i given the PF choice `options`. Only winners in components of two
+/// or more bidders pay anything.
+pub(super) fn payments(
+    instance: &Instance,
+    structure: &Structure,
+    options: &Choice,
+    budget: PaymentBudget,
+) -> Result<Shares, AuctionError> {
+    let context = Context {
+        instance,
+        contested: &structure.contested,
+    };
+    let groups: Vec<PayerGroup> = structure
+        .components
         .iter()
         .filter(|members| members.len() > 1)
         .flat_map(|members| {
-            members
-                .iter()
-                .filter(|&&m| options[m].is_some())
-                .map(move |&m| (m, members))
+            let payers: Vec<usize> = (0..members.len())
+                .filter(|&position| options[members[position]].is_some())
+                .collect();
+            let chunks: Vec<Vec<usize>> = payers
+                .chunks(PAYERS_PER_MODEL)
+                .map(<[usize]>::to_vec)
+                .collect();
+            chunks
+                .into_iter()
+                .map(move |payers| PayerGroup { members, payers })
         })
         .collect();
-    // The solves run on worker threads, so each names its parent span explicitly.
-    let payments = tracing::info_span!("payment_solves", payers = payers.len());
-    let payer_shares = payments.in_scope(|| {
-        parallel_map(&payers, |&(payer, members)| {
-            let app = &instance.bidders[payer].bid.app;
-            tracing::info_span!(parent: &payments, "payment_solve", %app)
-                .in_scope(|| payment_share(&context, members, payer, &options))
+    let payers: usize = groups.iter().map(|group| group.payers.len()).sum();
+    let span = tracing::info_span!("payment_solves", payers);
+    let results = span.in_scope(|| {
+        parallel_map(&groups, |group| {
+            group_payments(&context, group, options, budget, &span)
         })
     });
-    let mut shares = vec![1.0; instance.bidders.len()];
-    for (&(payer, _), share) in payers.iter().zip(payer_shares) {
-        shares[payer] = share?;
+    let mut shares = Shares {
+        shares: vec![1.0; instance.bidders.len()],
+        fallback: vec![false; instance.bidders.len()],
+        stats: PaymentStats::default(),
+    };
+    for (group, payments) in groups.iter().zip(results) {
+        for (&position, payment) in group.payers.iter().zip(payments?) {
+            let payer = group.members[position];
+            shares.stats.payers += 1;
+            match payment {
+                Payment::Certified(share) => {
+                    shares.stats.certified += 1;
+                    shares.shares[payer] = share;
+                }
+                Payment::Solved(share) => {
+                    shares.stats.solved += 1;
+                    shares.shares[payer] = share;
+                }
+                Payment::Fallback => {
+                    shares.stats.fallbacks += 1;
+                    shares.fallback[payer] = true;
+                }
+            }
+        }
     }
-    Ok(Solution { options, shares })
+    Ok(shares)
 }
 
 /// The instance and what is known about it before any program is solved.
 #[derive(Clone, Copy)]
 struct Context<'a, 'i> {
     instance: &'a Instance<'i>,
-    /// Classes whose total demand (each bidder's largest count in it) exceeds the capacity.
-    /// Only these can make bundles conflict, so only these get rows.
     contested: &'a [bool],
+}
+
+enum Method {
+    Alone,
+    Relaxation,
+    BranchAndBound,
+}
+
+/// The PF choice within one component, in `members` order: lexicographic maximum Nash
+/// welfare, as two programs. The first finds the most starving members that can be served
+/// together; the second maximises the sum of log-valuations serving exactly that many. (A
+/// single program with a large weight on the first tier mixes magnitudes: branch and bound
+/// then has to prove a welfare gap of 1e-9 on objectives in the thousands, and was measured
+/// to branch for seconds.)
+fn pf_choice(
+    context: &Context,
+    members: &[usize],
+) -> Result<(Vec<Option<usize>>, Method), AuctionError> {
+    let instance = context.instance;
+    if let [only] = members {
+        return Ok((vec![best_alone(instance, *only)], Method::Alone));
+    }
+    let starving = |member: usize| instance.bidders[member].is_starving();
+    let (starving_served, first) = if members.iter().any(|&m| starving(m)) {
+        let served = |member, _| f64::from(u8::from(starving(member)));
+        let (choice, method) = optimum(context, members, served, None)?;
+        let count = members.iter().zip(&choice);
+        let count = count.filter(|&(&m, o)| starving(m) && o.is_some()).count();
+        (Some(count), method)
+    } else {
+        (None, Method::Relaxation)
+    };
+    let gain = |member, option| instance.gain(member, option);
+    let (choice, second) = optimum(context, members, gain, starving_served)?;
+    let method = match (first, second) {
+        (Method::Relaxation, Method::Relaxation) => Method::Relaxation,
+        _ => Method::BranchAndBound,
+    };
+    Ok((choice, method))
+}
+
+/// An optimal choice of the program over `members` with column weights `weight`, serving
+/// exactly `starving_served` starving members when given: by its LP relaxation when that is
+/// integral, by branch and bound otherwise.
+fn optimum(
+    context: &Context,
+    members: &[usize],
+    weight: impl Fn(usize, usize) -> f64 + Copy,
+    starving_served: Option<usize>,
+) -> Result<(Vec<Option<usize>>, Method), AuctionError> {
+    let mut relaxation = Relaxation::new(context, members, weight, starving_served);
+    if let Some(choice) = relaxation.solve_integral("proportional-fair", None)? {
+        return Ok((choice, Method::Relaxation));
+    }
+    let choice = Program::new(context, members, starving_served, weight)
+        .solve("proportional-fair", None)?
+        .expect("without a budget the program is solved to optimality");
+    Ok((choice, Method::BranchAndBound))
+}
+
+/// Payers of one component whose payments share one LP model.
+struct PayerGroup<'a> {
+    members: &'a [usize],
+    /// Positions in `members`.
+    payers: Vec<usize>,
+}
+
+enum Payment {
+    Certified(f64),
+    Solved(f64),
+    Fallback,
+}
+
+/// The payments of one group, in the order of its payers.
+fn group_payments(
+    context: &Context,
+    group: &PayerGroup,
+    options: &Choice,
+    budget: PaymentBudget,
+    span: &tracing::Span,
+) -> Result<Vec<Payment>, AuctionError> {
+    let instance = context.instance;
+    let members = group.members;
+    let mut relaxation: Option<Relaxation> = None;
+    let mut payments = Vec::with_capacity(group.payers.len());
+    for &position in &group.payers {
+        let payer = members[position];
+        if !uses_contested_class(context, payer, options) {
+            // The others' constraints are the same with and without the payer: x* minus the
+            // payer stays their optimum.
+            payments.push(Payment::Certified(1.0));
+            continue;
+        }
+        // Workers run the solves, so the span names its parent explicitly.
+        let app = &instance.bidders[payer].bid.app;
+        let _solve = tracing::info_span!(parent: span, "payment_solve", %app).entered();
+        let others: Vec<usize> = members.iter().copied().filter(|&m| m != payer).collect();
+        let with_payer = welfare(instance, others.iter().map(|&m| (m, options[m])));
+        let starving_served = others
+            .iter()
+            .filter(|&&m| instance.bidders[m].is_starving() && options[m].is_some())
+            .count();
+        let pf_without_payer: Vec<Option<usize>> = members
+            .iter()
+            .map(|&m| if m == payer { None } else { options[m] })
+            .collect();
+        let relaxation = relaxation.get_or_insert_with(|| {
+            let gain = |member, option| instance.gain(member, option);
+            Relaxation::new(context, members, gain, Some(starving_served))
+        });
+        relaxation.exclude(position, starving_served);
+        let certified = relaxation.solve_integral("payment", Some(&pf_without_payer));
+        relaxation.restore(position);
+        let payment = if let Some(choice) = certified? {
+            let without_payer = welfare(instance, members.iter().copied().zip(choice));
+            Payment::Certified(share(with_payer, without_payer))
+        } else if budget.branch_and_bound_nodes == 0 {
+            Payment::Fallback
+        } else {
+            let gain = |member, option| instance.gain(member, option);
+            let program = Program::new(context, &others, Some(starving_served), gain);
+            match program.solve("payment", Some(budget))? {
+                Some(choice) => {
+                    let without_payer = welfare(instance, others.iter().copied().zip(choice));
+                    Payment::Solved(share(with_payer, without_payer))
+                }
+                None => Payment::Fallback,
+            }
+        };
+        payments.push(payment);
+    }
+    Ok(payments)
+}
+
+/// Whether the payer's PF bundle takes any GPU of a contested class.
+fn uses_contested_class(context: &Context, payer: usize, options: &Choice) -> bool {
+    let bidder = &context.instance.bidders[payer];
+    options[payer].is_some_and(|option| {
+        bidder.options[option]
+            .counts
+            .iter()
+            .any(|&(class, _)| context.contested[class])
+    })
+}
+
+/// Sum of the gains of a choice.
+fn welfare(instance: &Instance, choice: impl Iterator<Item = (usize, Option<usize>)>) -> f64 {
+    choice
+        .map(|(member, option)| option.map_or(0.0, |o| instance.gain(member, o)))
+        .sum()
+}
+
+/// c_i = prod_{j != i} v_j(x*) / prod_{j != i} v_j(x*_{-i}), in logs over i's component (the
+/// other components are the same in both solutions and cancel). x*_{-i} is the others' best
+/// choice serving exactly as many starving bidders as x* does, so the comparison stays within
+/// one tier of the lexicographic objective and c_i stays in (0, 1] (docs/mechanism.md).
+///
+/// The count is a constraint rather than a tier weight in the objective: payment programs then
+/// compare welfare alone, of magnitude 1 rather than of the tier, so branch and bound proves
+/// the gap `mip_abs_gap` on the quantity it measures (with the tier weight it had to prove
+/// 1e-9 on objectives in the thousands, and branched for seconds).
+fn share(with_payer: f64, without_payer: f64) -> f64 {
+    // The PF solution minus the payer is feasible without the payer, so the optimum is at
+    // least as good; a smaller value can only be solver tolerance.
+    (with_payer - without_payer).min(0.0).exp()
+}
+
+/// The rows and columns of one program over `members`, or of its LP relaxation: a column per
+/// (member, option), at most one option per member, class capacities on contested classes and,
+/// when `starving_served` is given and some member starves, exactly that many starving members
+/// served. That count is a row against a slack column fixed to it, so that a relaxation can
+/// change it by changing a column bound.
+struct Formulation {
+    problem: RowProblem,
+    /// (member position, option) of each column, in column order.
+    columns: Vec<(usize, usize)>,
+    handles: Vec<Col>,
+    costs: Vec<f64>,
+    /// The columns of each member position.
+    columns_of: Vec<Range<usize>>,
+    starving_slack: Option<Col>,
+}
+
+impl Formulation {
+    fn new(
+        context: &Context,
+        members: &[usize],
+        weight: impl Fn(usize, usize) -> f64,
+        integer: bool,
+        starving_served: Option<usize>,
+    ) -> Self {
+        let instance = context.instance;
+        let mut problem = RowProblem::default();
+        let mut columns = Vec::new();
+        let mut handles = Vec::new();
+        let mut costs = Vec::new();
+        let mut columns_of = Vec::with_capacity(members.len());
+        let mut per_member: Vec<Vec<(Col, f64)>> = Vec::with_capacity(members.len());
+        let mut per_class: Vec<Vec<(Col, f64)>> = vec![Vec::new(); instance.capacity.len()];
+        let mut starving: Vec<(Col, f64)> = Vec::new();
+        for (position, &member) in members.iter().enumerate() {
+            let bidder = &instance.bidders[member];
+            let first = columns.len();
+            let mut row = Vec::with_capacity(bidder.options.len());
+            for (index, option) in bidder.options.iter().enumerate() {
+                let cost = weight(member, index);
+                let column = if integer {
+                    problem.add_integer_column(cost, 0..=1)
+                } else {
+                    problem.add_column(cost, 0..=1)
+                };
+                columns.push((position, index));
+                handles.push(column);
+                costs.push(cost);
+                row.push((column, 1.0));
+                for &(class, count) in &option.counts {
+                    per_class[class].push((column, f64::from(count)));
+                }
+                if bidder.is_starving() {
+                    starving.push((column, 1.0));
+                }
+            }
+            columns_of.push(first..columns.len());
+            per_member.push(row);
+        }
+        for row in per_member.iter().filter(|row| row.len() > 1) {
+            problem.add_row(..=1.0, row);
+        }
+        for (class, row) in per_class
+            .iter()
+            .enumerate()
+            .filter(|(class, row)| context.contested[*class] && !row.is_empty())
+        {
+            problem.add_row(..=f64::from(instance.capacity[class]), row);
+        }
+        // A relaxation changes the count through a slack column's bounds; a binary program
+        // keeps the count in the row's bounds, since a continuous column was measured to make
+        // HiGHS's branch and bound several times slower.
+        let mut starving_slack = None;
+        if let Some(served) = starving_served.filter(|_| !starving.is_empty()) {
+            let served = served as f64;
+            if integer {
+                problem.add_row(served..=served, &starving);
+            } else {
+                let slack = problem.add_column(0.0, served..=served);
+                starving.push((slack, -1.0));
+                problem.add_row(0.0..=0.0, &starving);
+                starving_slack = Some(slack);
+            }
+        }
+        Self {
+            problem,
+            columns,
+            handles,
+            costs,
+            columns_of,
+            starving_slack,
+        }
+    }
+
+    /// The choice (in member order) of an optimal solution whose values are all 0 or 1, and
+    /// whose objective is the solver's; `None` when the solution is fractional.
+    fn integral_choice(&self, values: &[f64], objective: f64) -> Option<Vec<Option<usize>>> {
+        const INTEGRALITY: f64 = 1e-6;
+        let mut choice = vec![None; self.columns_of.len()];
+        for (&(position, option), &x) in self.columns.iter().zip(values) {
+            if x > 1.0 - INTEGRALITY {
+                if choice[position].replace(option).is_some() {
+                    return None;
+                }
+            } else if x > INTEGRALITY {
+                return None;
+            }
+        }
+        // Rounding must not lose objective: then the choice is optimal to the tolerance that
+        // branch and bound would prove (`mip_abs_gap`).
+        self.attains(&choice, objective).then_some(choice)
+    }
+
+    /// Sets the upper bound of every column of member `position`.
+    fn bound_member(&self, model: &mut Model, position: usize, upper: f64) {
+        for &column in &self.handles[self.columns_of[position].clone()] {
+            model.change_column_bounds(column, 0.0..=upper);
+        }
+    }
+
+    /// Whether `choice` (in member order) is worth `bound` or more, to the tolerance.
+    fn attains(&self, choice: &[Option<usize>], bound: f64) -> bool {
+        let value: f64 = choice
+            .iter()
+            .zip(&self.columns_of)
+            .filter_map(|(option, columns)| option.map(|option| self.costs[columns.start + option]))
+            .sum();
+        value >= bound - OBJECTIVE_TOLERANCE * bound.abs().max(1.0)
+    }
+}
+
+/// The absolute optimality tolerance of every program, relative to objectives of magnitude 1.
+const OBJECTIVE_TOLERANCE: f64 = 1e-9;
+
+fn quiet_single_thread(model: &mut Model) {
+    model.make_quiet();
+    model.set_threads(NonZeroU32::MIN);
+    // Profiled (BENCHMARKS.md): on these small packing programs presolve costs more than it
+    // saves; a relaxation is also re-solved from its previous basis, which presolve would drop.
+    model.set_option("presolve", "off");
+}
+
+fn solved_optimal(model: Model, program: &'static str) -> Result<highs::SolvedModel, AuctionError> {
+    let solved = model.try_solve().map_err(|status| AuctionError::Solver {
+        program,
+        detail: format!("{status:?}"),
+    })?;
+    match solved.status() {
+        HighsModelStatus::Optimal => Ok(solved),
+        status => Err(AuctionError::Solver {
+            program,
+            detail: format!("ended with status {status:?}"),
+        }),
+    }
+}
+
+/// The LP relaxation of a component's program, kept between solves: a payment excludes the
+/// payer by bounding its columns to 0 (and sets the starving served) and re-solves from the
+/// previous optimal basis.
+struct Relaxation {
+    /// `None` only while a solve holds it.
+    model: Option<Model>,
+    formulation: Formulation,
+}
+
+impl Relaxation {
+    fn new(
+        context: &Context,
+        members: &[usize],
+        weight: impl Fn(usize, usize) -> f64,
+        starving_served: Option<usize>,
+    ) -> Self {
+        let mut formulation = Formulation::new(context, members, weight, false, starving_served);
+        let problem = std::mem::take(&mut formulation.problem);
+        let mut model = problem.optimise(Sense::Maximise);
+        quiet_single_thread(&mut model);
+        model.set_option("solver", "simplex");
+        model.set_option("primal_feasibility_tolerance", 1e-9);
+        model.set_option("dual_feasibility_tolerance", 1e-9);
+        Self {
+            model: Some(model),
+            formulation,
+        }
+    }
+
+    /// Solves the relaxation and returns an optimal choice of the binary program when the LP
+    /// proves one: the LP's own optimum when it is integral, or `known` (a feasible choice)
+    /// when the LP bound does not exceed its value.
+    fn solve_integral(
+        &mut self,
+        program: &'static str,
+        known: Option<&[Option<usize>]>,
+    ) -> Result<Option<Vec<Option<usize>>>, AuctionError> {
+        let model = self
+            .model
+            .take()
+            .expect("the model is back after every solve");
+        let solved = solved_optimal(model, program)?;
+        let bound = solved.objective_value();
+        let choice = self
+            .formulation
+            .integral_choice(solved.get_solution().columns(), bound)
+            .or_else(|| {
+                known
+                    .filter(|known| self.formulation.attains(known, bound))
+                    .map(<[Option<usize>]>::to_vec)
+            });
+        self.model = Some(Model::from(solved));
+        Ok(choice)
+    }
+
+    /// Leaves member `position` out and serves exactly `starving_served` starving members.
+    fn exclude(&mut self, position: usize, starving_served: usize) {
+        let model = self.model.as_mut().expect("not solving");
+        self.formulation.bound_member(model, position, 0.0);
+        if let Some(slack) = self.formulation.starving_slack {
+            let served = starving_served as f64;
+            model.change_column_bounds(slack, served..=served);
+        }
+    }
+
+    /// Undoes [`Self::exclude`] for the member (the starving count is set by every exclusion).
+    fn restore(&mut self, position: usize) {
+        let model = self.model.as_mut().expect("not solving");
+        self.formulation.bound_member(model, position, 1.0);
+    }
+}
+
+/// One binary program over a set of bidders, for branch and bound.
+struct Program {
+    formulation: Formulation,
+}
+
+impl Program {
+    fn new(
+        context: &Context,
+        members: &[usize],
+        starving_served: Option<usize>,
+        weight: impl Fn(usize, usize) -> f64,
+    ) -> Self {
+        Self {
+            formulation: Formulation::new(context, members, weight, true, starving_served),
+        }
+    }
+
+    /// The optimal choice in member order; `None` when `budget` ran out first.
+    fn solve(
+        mut self,
+        program: &'static str,
+        budget: Option<PaymentBudget>,
+    ) -> Result<Option<Vec<Option<usize>>>, AuctionError> {
+        let mut choice = vec![None; self.formulation.columns_of.len()];
+        if self.formulation.columns.is_empty() {
+            return Ok(Some(choice));
+        }
+        let problem = std::mem::take(&mut self.formulation.problem);
+        let mut model = problem.optimise(Sense::Maximise);
+        quiet_single_thread(&mut model);
+        model.set_option("mip_rel_gap", 0.0);
+        model.set_option("mip_abs_gap", OBJECTIVE_TOLERANCE);
+        // Profiled (BENCHMARKS.md): two root heuristics cost more than they save here;
+        // feasibility jump has a fixed effort floor.
+        model.set_option("mip_heuristic_run_feasibility_jump", false);
+        model.set_option("mip_heuristic_run_root_reduced_cost", false);
+        if let Some(budget) = budget {
+            let nodes = i32::try_from(budget.branch_and_bound_nodes).unwrap_or(i32::MAX);
+            model.set_option("mip_max_nodes", nodes);
+        }
+        let solved = model.try_solve().map_err(|status| AuctionError::Solver {
+            program,
+            detail: format!("{status:?}"),
+        })?;
+        match solved.status() {
+            HighsModelStatus::Optimal => {}
+            // HiGHS ends a search cut short by mip_max_nodes with a limit status.
+            HighsModelStatus::ReachedSolutionLimit | HighsModelStatus::ReachedIterationLimit
+                if budget.is_some() =>
+            {
+                return Ok(None)
+            }
+            status => {
+                return Err(AuctionError::Solver {
+                    program,
+                    detail: format!("ended with status {status:?}"),
+                })
+            }
+        }
+        for (&value, &(position, option)) in solved
+            .get_solution()
+            .columns()
+            .iter()
+            .zip(&self.formulation.columns)
+        {
+            if value > 0.5 {
+                choice[position] = Some(option);
+            }
+        }
+        Ok(Some(choice))
+    }
 }
 
 fn contested_classes(instance: &Instance) -> Vec<bool> {
@@ -141,40 +738,6 @@ fn union(parent: &mut [usize], a: usize, b: usize) {
     }
 }
 
-/// The PF choice within one component, in `members` order: lexicographic maximum Nash
-/// welfare (see [`tiered_weight`]).
-fn pf_choice(context: &Context, members: &[usize]) -> Result<Vec<Option<usize>>, AuctionError> {
-    if let [only] = members {
-        return Ok(vec![best_alone(context.instance, *only)]);
-    }
-    let weight = tiered_weight(context.instance, members);
-    Program::new(context, members, None, weight).solve("proportional-fair")
-}
-
-/// Column weights of the lexicographic objective over `members`: first serve as many starving
-/// bidders as possible, then maximise the sum of log-valuations. The first tier is a weight on
-/// each starving bidder's columns larger than any difference the second tier can make.
-fn tiered_weight<'a>(
-    instance: &'a Instance,
-    members: &[usize],
-) -> impl Fn(usize, usize) -> f64 + 'a {
-    let largest_gain = |&member: &usize| {
-        let options = 0..instance.bidders[member].options.len();
-        options
-            .map(|option| instance.gain(member, option).abs())
-            .fold(0.0, f64::max)
-    };
-    let tier = 2.0 * members.iter().map(largest_gain).sum::<f64>() + 1.0;
-    move |member, option| {
-        let starving_bonus = if instance.bidders[member].is_starving() {
-            tier
-        } else {
-            0.0
-        };
-        starving_bonus + instance.gain(member, option)
-    }
-}
-
 /// A bidder alone in its component takes its best option (the starving take any).
 fn best_alone(instance: &Instance, member: usize) -> Option<usize> {
     let options = &instance.bidders[member].options;
@@ -184,155 +747,6 @@ fn best_alone(instance: &Instance, member: usize) -> Option<usize> {
             .total_cmp(&instance.gain(member, b))
             .then(b.cmp(&a))
     })
-}
-
-/// c_i = prod_{j != i} v_j(x*) / prod_{j != i} v_j(x*_{-i}), computed in logs over i's
-/// component (the other components are the same in both solutions and cancel). x*_{-i} serves
-/// as many starving bidders as x* does, so the comparison stays within one tier of the
-/// lexicographic objective and c_i stays in (0, 1] (docs/mechanism.md).
-///
-/// x*_{-i} is the others' lexicographic optimum. When i is not starving it serves that many
-/// starving bidders by itself (if the others could serve more without i, x* could too, by giving
-/// i nothing); when i is starving, an upper bound on the count keeps it there.
-fn payment_share(
-    context: &Context,
-    members: &[usize],
-    payer: usize,
-    options: &Choice,
-) -> Result<f64, AuctionError> {
-    let instance = context.instance;
-    let others: Vec<usize> = members.iter().copied().filter(|&m| m != payer).collect();
-    let welfare = |choice: &mut dyn Iterator<Item = (usize, Option<usize>)>| -> f64 {
-        choice
-            .map(|(member, option)| option.map_or(0.0, |o| instance.gain(member, o)))
-            .sum()
-    };
-    let with_payer = welfare(&mut others.iter().map(|&m| (m, options[m])));
-    let starving_served = others
-        .iter()
-        .filter(|&&m| instance.bidders[m].is_starving() && options[m].is_some())
-        .count();
-    let starving_cap = instance.bidders[payer]
-        .is_starving()
-        .then_some(starving_served);
-    let program = Program::new(
-        context,
-        &others,
-        starving_cap,
-        tiered_weight(instance, &others),
-    );
-    let without_payer_choice = program.solve("payment")?;
-    let without_payer = welfare(&mut others.iter().copied().zip(without_payer_choice));
-    // The PF solution minus the payer is feasible without the payer, so the optimum is at least
-    // as good; a smaller value can only be solver tolerance.
-    Ok((with_payer - without_payer).min(0.0).exp())
-}
-
-/// One binary program over a set of bidders: a column per (bidder, option), at most one option
-/// per bidder, class capacities on contested classes.
-struct Program<'a, 'i> {
-    instance: &'a Instance<'i>,
-    contested: &'a [bool],
-    members: &'a [usize],
-    /// (member position, option) of each column.
-    columns: Vec<(usize, usize)>,
-    costs: Vec<f64>,
-    /// When set, at most this many starving members may be served.
-    starving_cap: Option<usize>,
-}
-
-impl<'a, 'i> Program<'a, 'i> {
-    fn new(
-        context: &Context<'a, 'i>,
-        members: &'a [usize],
-        starving_cap: Option<usize>,
-        weight: impl Fn(usize, usize) -> f64,
-    ) -> Self {
-        let instance = context.instance;
-        let mut columns = Vec::new();
-        let mut costs = Vec::new();
-        for (position, &member) in members.iter().enumerate() {
-            for option in 0..instance.bidders[member].options.len() {
-                columns.push((position, option));
-                costs.push(weight(member, option));
-            }
-        }
-        Self {
-            instance,
-            contested: context.contested,
-            members,
-            columns,
-            costs,
-            starving_cap,
-        }
-    }
-
-    fn solve(&self, program: &'static str) -> Result<Vec<Option<usize>>, AuctionError> {
-        let mut choice = vec![None; self.members.len()];
-        if self.columns.is_empty() {
-            return Ok(choice);
-        }
-        let mut problem = RowProblem::default();
-        let columns: Vec<highs::Col> = self
-            .costs
-            .iter()
-            .map(|&cost| problem.add_integer_column(cost, 0..=1))
-            .collect();
-        let mut per_member: Vec<Vec<(highs::Col, f64)>> = vec![Vec::new(); self.members.len()];
-        let mut per_class: Vec<Vec<(highs::Col, f64)>> =
-            vec![Vec::new(); self.instance.capacity.len()];
-        let mut starving: Vec<(highs::Col, f64)> = Vec::new();
-        for (&column, &(position, option)) in columns.iter().zip(&self.columns) {
-            let bidder = &self.instance.bidders[self.members[position]];
-            per_member[position].push((column, 1.0));
-            for &(class, count) in &bidder.options[option].counts {
-                per_class[class].push((column, f64::from(count)));
-            }
-            if bidder.is_starving() {
-                starving.push((column, 1.0));
-            }
-        }
-        for row in per_member.iter().filter(|row| row.len() > 1) {
-            problem.add_row(..=1.0, row);
-        }
-        for (class, row) in per_class
-            .iter()
-            .enumerate()
-            .filter(|(class, _)| self.contested[*class])
-        {
-            problem.add_row(..=f64::from(self.instance.capacity[class]), row);
-        }
-        if let Some(cap) = self.starving_cap.filter(|_| !starving.is_empty()) {
-            problem.add_row(..=cap as f64, &starving);
-        }
-        let mut model = problem.optimise(Sense::Maximise);
-        model.make_quiet();
-        model.set_threads(NonZeroU32::MIN);
-        model.set_option("mip_rel_gap", 0.0);
-        model.set_option("mip_abs_gap", 1e-9);
-        // Profiled (BENCHMARKS.md): on these small packing programs presolve and two root
-        // heuristics cost more than they save; feasibility jump has a fixed effort floor.
-        model.set_option("presolve", "off");
-        model.set_option("mip_heuristic_run_feasibility_jump", false);
-        model.set_option("mip_heuristic_run_root_reduced_cost", false);
-        let solved = model.try_solve().map_err(|status| AuctionError::Solver {
-            program,
-            detail: format!("{status:?}"),
-        })?;
-        if solved.status() != HighsModelStatus::Optimal {
-            return Err(AuctionError::Solver {
-                program,
-                detail: format!("ended with status {:?}", solved.status()),
-            });
-        }
-        let solution = solved.get_solution();
-        for (&value, &(position, option)) in solution.columns().iter().zip(&self.columns) {
-            if value > 0.5 {
-                choice[position] = Some(option);
-            }
-        }
-        Ok(choice)
-    }
 }
 
 /// Maps `f` over `items` on all available cores, keeping order. Each call is independent, so

@@ -5,6 +5,8 @@
 //!    at most one table entry per bidder.
 //! 3. Mechanism properties of the PF choice and the hidden payments: Pareto efficiency, the
 //!    swap-envy the PF choice rules out, truth-telling, unbiased rounding.
+//! 4. The fast path against a plain reference that solves one MILP per payment, on larger
+//!    random instances with many starving bidders and ties; the payment budget's fallback.
 //!
 //! The mechanism the oracle implements (independently of the engine):
 //! - v = 1/rho; a bidder takes one entry of its table or nothing (valued 1/rho_old, or
@@ -23,7 +25,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use agora_market::app::AppId;
 use agora_market::auction::{
-    run_auction, AppBid, AuctionError, AuctionOutcome, BidEntry, Offer, OfferedGpu,
+    run_auction, AppBid, Auction, AuctionError, AuctionOutcome, BidEntry, Offer, OfferedGpu,
+    PaymentBudget, PaymentStats,
 };
 use agora_market::rho::Rho;
 use agora_market::topology::{GpuId, GpuLocation};
@@ -1233,4 +1236,256 @@ fn randomized_rounding_keeps_c_times_k_gpus_on_average() {
         (mean - 2.4).abs() <= 0.035,
         "mean kept count {mean}, expected 2.4"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. The fast path against a plain reference (one MILP per payment)
+// ---------------------------------------------------------------------------------------------
+
+/// The plain, obviously correct path: every program is one binary MILP over table entries
+/// solved by HiGHS, with lexicographic objectives as two solves (starving served, then welfare
+/// with that count fixed) and payments per the mechanism's definition: x*_{-i} is the best
+/// choice of i's conflict component without i that serves exactly as many starving bidders as
+/// x* does there. Nothing of the engine's is used: no classes merged, no LP screening, no
+/// tier weights, no caps.
+struct Reference<'m> {
+    model: &'m Model,
+}
+
+impl Reference<'_> {
+    /// The largest number of starving bidders among `bidders` that can be served together.
+    fn most_starving_served(&self, bidders: &[usize]) -> usize {
+        self.milp(bidders, None).round() as usize
+    }
+
+    /// The best welfare of `bidders` serving exactly `served` starving bidders among them.
+    fn best_welfare(&self, bidders: &[usize], served: usize) -> f64 {
+        self.milp(bidders, Some(served))
+    }
+
+    /// Maximises the starving served (`served` = `None`), or the welfare with the starving
+    /// served fixed to `served`, over choices of eligible entries of `bidders`.
+    fn milp(&self, bidders: &[usize], served: Option<usize>) -> f64 {
+        let model = self.model;
+        let mut problem = highs::RowProblem::default();
+        let mut per_class = vec![Vec::new(); model.capacity.len()];
+        let mut starving = Vec::new();
+        for &bidder in bidders {
+            let mut row = Vec::new();
+            for (entry, table_entry) in model.bidders[bidder].entries.iter().enumerate() {
+                if !model.eligible(bidder, entry) {
+                    continue;
+                }
+                let cost = match served {
+                    None => f64::from(u8::from(model.is_starving(bidder))),
+                    Some(_) => model.gain(bidder, entry),
+                };
+                let column = problem.add_integer_column(cost, 0..=1);
+                row.push((column, 1.0));
+                for (class, &count) in table_entry.counts.iter().enumerate() {
+                    if count > 0 {
+                        per_class[class].push((column, f64::from(count)));
+                    }
+                }
+                if model.is_starving(bidder) {
+                    starving.push((column, 1.0));
+                }
+            }
+            problem.add_row(..=1.0, &row);
+        }
+        for (row, &capacity) in per_class.iter().zip(&model.capacity) {
+            problem.add_row(..=f64::from(capacity), row);
+        }
+        if let Some(served) = served {
+            let served = served as f64;
+            problem.add_row(served..=served, &starving);
+        }
+        if problem.num_cols() == 0 {
+            return 0.0;
+        }
+        let mut solver = problem.optimise(highs::Sense::Maximise);
+        solver.make_quiet();
+        solver.set_option("mip_rel_gap", 0.0);
+        solver.set_option("mip_abs_gap", 1e-12);
+        let solved = solver.solve();
+        assert_eq!(solved.status(), highs::HighsModelStatus::Optimal);
+        solved.objective_value()
+    }
+
+    /// The bidders linked to `bidder` through classes that some choice could over-subscribe
+    /// (the total of every bidder's largest eligible count exceeds the capacity).
+    fn component_of(&self, bidder: usize) -> Vec<usize> {
+        let model = self.model;
+        let peak = |b: usize, class: usize| {
+            (0..model.bidders[b].entries.len())
+                .filter(|&entry| model.eligible(b, entry))
+                .map(|entry| model.bidders[b].entries[entry].counts[class])
+                .max()
+                .unwrap_or(0)
+        };
+        let bidders = model.bidders.len();
+        let contested: Vec<bool> = (0..model.capacity.len())
+            .map(|class| (0..bidders).map(|b| peak(b, class)).sum::<u32>() > model.capacity[class])
+            .collect();
+        let linked = |a: usize, b: usize| {
+            (0..contested.len())
+                .any(|class| contested[class] && peak(a, class) > 0 && peak(b, class) > 0)
+        };
+        let mut component = vec![bidder];
+        let mut next = 0;
+        while next < component.len() {
+            let current = component[next];
+            for other in 0..bidders {
+                if !component.contains(&other) && linked(current, other) {
+                    component.push(other);
+                }
+            }
+            next += 1;
+        }
+        component.sort_unstable();
+        component
+    }
+}
+
+/// Welfare of `choice` over `bidders` only.
+fn welfare_of(model: &Model, choice: &Choice, bidders: &[usize]) -> f64 {
+    bidders
+        .iter()
+        .filter_map(|&b| choice[b].map(|entry| model.gain(b, entry)))
+        .sum()
+}
+
+/// Up to 8 bidders on up to 10 GPUs, half of them starving, rho values from five round numbers
+/// so that ties (between bidders, entries and starving bidders) are common.
+fn tie_spec() -> impl Strategy<Value = Spec> {
+    let round = || prop::sample::select(vec![0.25, 0.5, 1.0, 2.0, 4.0]);
+    let bidder = (
+        prop::option::weighted(0.5, prop::sample::select(vec![1.0, 2.0, 4.0, 8.0])),
+        prop::collection::vec((0u32..1024, round()), 0..=5),
+    )
+        .prop_map(|(rho_old, entries)| BidderSpec { rho_old, entries });
+    (
+        4usize..=10,
+        prop::option::of(prop::collection::vec(0u32..5, 10)),
+        prop::collection::vec(bidder, 2..=8),
+        any::<u64>(),
+    )
+        .prop_map(|(gpu_count, classes, bidders, seed)| Spec {
+            classes: classes.map(|mut classes| {
+                classes.truncate(gpu_count);
+                classes
+            }),
+            gpu_count,
+            bidders,
+            seed,
+        })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The fast path (LP screening, certified payments, shared models) chooses a PF choice as
+    /// good as the reference's and charges every winner the reference's c_i for that choice.
+    #[test]
+    fn fast_path_matches_one_milp_per_payment(spec in tie_spec()) {
+        let (offer, bids) = (spec.offer(), spec.bids());
+        let outcome = run(&offer, &bids, spec.seed);
+        let model = Model::new(&offer, &bids);
+        let reference = Reference { model: &model };
+        let pf = model.choice_of(&outcome);
+        prop_assert!(model.is_feasible(&pf), "PF choice {:?} is infeasible", pf);
+        prop_assert!(outcome.payment_fallbacks.is_empty());
+        let everyone: Vec<usize> = (0..model.bidders.len()).collect();
+        let served = reference.most_starving_served(&everyone);
+        prop_assert_eq!(model.starving_served(&pf, None), served);
+        let best = reference.best_welfare(&everyone, served);
+        let welfare = model.welfare(&pf, None);
+        prop_assert!((welfare - best).abs() <= 1e-7, "PF welfare {} of {:?}, reference {}", welfare, pf, best);
+        for (bidder, model_bidder) in model.bidders.iter().enumerate() {
+            let expected = if pf[bidder].is_none() {
+                1.0
+            } else {
+                let others: Vec<usize> =
+                    reference.component_of(bidder).into_iter().filter(|&b| b != bidder).collect();
+                let served = others.iter().filter(|&&b| model.is_starving(b) && pf[b].is_some()).count();
+                (welfare_of(&model, &pf, &others) - reference.best_welfare(&others, served)).exp()
+            };
+            assert_close(outcome.c[&model_bidder.app], expected, 1e-7, "c against the reference");
+        }
+    }
+}
+
+#[test]
+fn a_payment_past_its_budget_falls_back_to_no_payment_and_is_reported() {
+    // Without p, a, b and c compete for g0..g2 in an odd cycle: the LP relaxation takes half
+    // of each (1.5 ln 2) where only one can win (ln 2), so p's payment needs branch and bound.
+    let offer = plain_offer(&["g0", "g1", "g2"]);
+    let bids = [
+        bid("p", Some(100.0), &[(&["g0", "g1", "g2"], 1.0)]),
+        bid("a", Some(2.0), &[(&["g0", "g1"], 1.0)]),
+        bid("b", Some(2.0), &[(&["g1", "g2"], 1.0)]),
+        bid("c", Some(2.0), &[(&["g0", "g2"], 1.0)]),
+    ];
+    let auction = Auction::new(&offer, &bids).expect("valid");
+    let pf = auction.proportional_fair().expect("solved");
+    assert_eq!(pf.stats().components, 1);
+
+    let exact = auction.payments(&pf).expect("solved");
+    let outcome = auction.settle(&pf, &exact, 0);
+    assert_eq!(outcome.pf[&app("p")], Some(0));
+    assert_close(
+        outcome.c[&app("p")],
+        0.5,
+        1e-9,
+        "c_p = v(nothing) / v(a bundle)",
+    );
+    assert!(outcome.payment_fallbacks.is_empty());
+    assert_eq!(
+        exact.stats(),
+        PaymentStats {
+            payers: 1,
+            certified: 0,
+            solved: 1,
+            fallbacks: 0
+        }
+    );
+
+    let no_branching = PaymentBudget {
+        branch_and_bound_nodes: 0,
+    };
+    let capped = auction.payments_within(&pf, no_branching).expect("closes");
+    let outcome = auction.settle(&pf, &capped, 0);
+    assert_eq!(outcome.c[&app("p")], 1.0, "the fallback charges nothing");
+    assert_eq!(outcome.allocation[&app("p")], gpus(&["g0", "g1", "g2"]));
+    assert_eq!(outcome.payment_fallbacks, vec![app("p")]);
+    assert_eq!(
+        capped.stats(),
+        PaymentStats {
+            payers: 1,
+            certified: 0,
+            solved: 0,
+            fallbacks: 1
+        }
+    );
+    let json = serde_json::to_value(&outcome).expect("serialisable");
+    assert_eq!(json["payment_fallbacks"], serde_json::json!(["p"]));
+}
+
+#[test]
+fn payments_of_bundles_nobody_else_can_use_are_certified_without_a_solve() {
+    // a and b compete for g0; a's winning bundle {g1} is contested by nobody.
+    let offer = plain_offer(&["g0", "g1"]);
+    let bids = [
+        bid("a", Some(4.0), &[(&["g0"], 2.0), (&["g1"], 1.0)]),
+        bid("b", Some(4.0), &[(&["g0"], 2.0)]),
+    ];
+    let auction = Auction::new(&offer, &bids).expect("valid");
+    let pf = auction.proportional_fair().expect("solved");
+    let payments = auction.payments(&pf).expect("solved");
+    let outcome = auction.settle(&pf, &payments, 0);
+    assert_eq!(outcome.pf[&app("a")], Some(1));
+    assert_eq!(outcome.pf[&app("b")], Some(0));
+    assert_eq!(outcome.c[&app("a")], 1.0);
+    assert_eq!(payments.stats().payers, 2);
+    assert_eq!(payments.stats().certified, 2);
 }

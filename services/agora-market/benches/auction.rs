@@ -1,0 +1,330 @@
+//! The auction alone, on instance families the round benchmark does not produce, each instance
+//! timed next to ONE naive proportional-fair MILP of the same instance in the same run.
+//!
+//! Families (256 GPUs on 32 machines of 8, no topology: each GPU is its own class, as in
+//! `agora auction solve`'s JSON; 10 to 100 apps, two seeds each):
+//! - `aligned`: 20 machine-aligned bundles of 1, 2, 4 or 8 GPUs per app, 30% of apps starving;
+//! - `starving`: the same bundles, every app starving;
+//! - `random`: 20 bundles of 1 to 8 GPUs drawn anywhere (not aligned), 30% starving.
+//!
+//! The naive MILP is what a first implementation would write: one binary column per eligible
+//! bid entry, one row per app and one per GPU, the same tiered objective (starving served
+//! first, then the sum of log-valuations), HiGHS with its default settings and
+//! `mip_rel_gap = 1e-9`, one thread. It computes the PF choice only, no payment. Its optimum is
+//! also checked against the engine's PF objective, so the benchmark doubles as an oracle.
+//!
+//! Run with `cargo bench -p agora-market --bench auction` (add a family name, e.g. `-- random`,
+//! to run one family).
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use agora_market::app::AppId;
+use agora_market::auction::{AppBid, Auction, AuctionOutcome, BidEntry, Offer};
+use agora_market::rho::Rho;
+use agora_market::topology::GpuId;
+use highs::{HighsModelStatus, RowProblem, Sense};
+use rand::seq::IndexedRandom;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const MACHINES: usize = 32;
+const GPUS_PER_MACHINE: usize = 8;
+const BIDS_PER_APP: usize = 20;
+const APP_COUNTS: [usize; 10] = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100];
+const SEEDS: [u64; 2] = [1, 2];
+/// Each instance is solved this many times by each side; the median is reported. Once: the
+/// largest instances take seconds.
+const REPEATS: usize = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Family {
+    Aligned,
+    Starving,
+    Random,
+}
+
+impl Family {
+    const ALL: [Self; 3] = [Self::Aligned, Self::Starving, Self::Random];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Aligned => "aligned",
+            Self::Starving => "starving",
+            Self::Random => "random",
+        }
+    }
+
+    fn starving_fraction(self) -> f64 {
+        match self {
+            Self::Starving => 1.0,
+            Self::Aligned | Self::Random => 0.3,
+        }
+    }
+
+    fn bundle(self, all_gpus: &[GpuId], rng: &mut ChaCha8Rng) -> Vec<GpuId> {
+        match self {
+            Self::Aligned | Self::Starving => {
+                let size = [1, 2, 4, 8][rng.random_range(0..4)];
+                let machine = rng.random_range(0..MACHINES);
+                let offset = size * rng.random_range(0..GPUS_PER_MACHINE / size);
+                let first = machine * GPUS_PER_MACHINE + offset;
+                all_gpus[first..first + size].to_vec()
+            }
+            Self::Random => {
+                let size = rng.random_range(1..=8);
+                all_gpus.sample(rng, size).cloned().collect()
+            }
+        }
+    }
+
+    /// An instance: apps value a bundle by its size (rho = rho_1 / k^s, s in [0.5, 1], with a
+    /// placement jitter of up to 30%); apps that are not starving hold GPUs worth rho_old
+    /// around rho_1, so some of their entries do not improve on it.
+    fn instance(self, apps: usize, seed: u64) -> (Offer, Vec<AppBid>) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed * 1000 + apps as u64);
+        let all_gpus: Vec<GpuId> = (0..MACHINES)
+            .flat_map(|m| (0..GPUS_PER_MACHINE).map(move |g| GpuId(format!("m{m}g{g}"))))
+            .collect();
+        let rho = |value: f64| Rho::new(value).expect("positive and finite");
+        let bids = (0..apps)
+            .map(|index| {
+                let rho_one = rng.random_range(2.0..20.0);
+                let scaling = rng.random_range(0.5..1.0);
+                let starving = rng.random::<f64>() < self.starving_fraction();
+                let rho_old = (!starving).then(|| rho(rho_one * rng.random_range(0.6..1.5)));
+                let bids = (0..BIDS_PER_APP)
+                    .map(|_| {
+                        let gpus = self.bundle(&all_gpus, &mut rng);
+                        let size = gpus.len() as f64;
+                        let jitter = rng.random_range(1.0..1.3);
+                        BidEntry {
+                            gpus,
+                            rho: rho(rho_one / size.powf(scaling) * jitter),
+                        }
+                    })
+                    .collect();
+                AppBid {
+                    app: AppId(format!("app{index}")),
+                    rho_old,
+                    bids,
+                }
+            })
+            .collect();
+        (Offer::without_topology(all_gpus), bids)
+    }
+}
+
+/// (starving bidders served, sum of gains) of a choice of entries, the PF objective.
+fn pf_objective(bids: &[AppBid], chosen: &BTreeMap<AppId, Option<usize>>) -> (usize, f64) {
+    let mut served = 0;
+    let mut welfare = 0.0;
+    for bid in bids {
+        if let Some(entry) = chosen[&bid.app] {
+            served += usize::from(bid.rho_old.is_none());
+            welfare += gain(bid, entry);
+        }
+    }
+    (served, welfare)
+}
+
+fn gain(bid: &AppBid, entry: usize) -> f64 {
+    let log_valuation = bid.bids[entry].rho.log_valuation();
+    bid.rho_old.map_or(log_valuation, |rho_old| {
+        log_valuation - rho_old.log_valuation()
+    })
+}
+
+/// The naive PF MILP (see the module comment); returns the chosen entry of each app.
+fn naive_pf(offer: &Offer, bids: &[AppBid]) -> BTreeMap<AppId, Option<usize>> {
+    let eligible = |bid: &AppBid, entry: &BidEntry| {
+        bid.rho_old
+            .is_none_or(|rho_old| entry.rho.get() < rho_old.get())
+    };
+    let largest_gains: f64 = bids
+        .iter()
+        .map(|bid| {
+            (0..bid.bids.len())
+                .map(|entry| gain(bid, entry).abs())
+                .fold(0.0, f64::max)
+        })
+        .sum();
+    let tier = 2.0 * largest_gains + 1.0;
+    let gpu_row: BTreeMap<&GpuId, usize> = offer.ids().enumerate().map(|(i, id)| (id, i)).collect();
+    let mut problem = RowProblem::default();
+    let mut columns = Vec::new();
+    let mut per_app = vec![Vec::new(); bids.len()];
+    let mut per_gpu = vec![Vec::new(); gpu_row.len()];
+    for (app, bid) in bids.iter().enumerate() {
+        for (entry, bid_entry) in bid.bids.iter().enumerate() {
+            if !eligible(bid, bid_entry) {
+                continue;
+            }
+            let starving_bonus = if bid.rho_old.is_none() { tier } else { 0.0 };
+            let column = problem.add_integer_column(starving_bonus + gain(bid, entry), 0..=1);
+            per_app[app].push((column, 1.0));
+            for gpu in &bid_entry.gpus {
+                per_gpu[gpu_row[gpu]].push((column, 1.0));
+            }
+            columns.push((app, entry));
+        }
+    }
+    for row in per_app.iter().chain(&per_gpu).filter(|row| !row.is_empty()) {
+        problem.add_row(..=1.0, row);
+    }
+    let mut model = problem.optimise(Sense::Maximise);
+    model.make_quiet();
+    model.set_threads(NonZeroU32::MIN);
+    model.set_option("mip_rel_gap", 1e-9);
+    let solved = model.solve();
+    assert_eq!(solved.status(), HighsModelStatus::Optimal, "naive PF MILP");
+    let mut chosen: BTreeMap<AppId, Option<usize>> =
+        bids.iter().map(|bid| (bid.app.clone(), None)).collect();
+    for (&value, &(app, entry)) in solved.get_solution().columns().iter().zip(&columns) {
+        if value > 0.5 {
+            chosen.insert(bids[app].app.clone(), Some(entry));
+        }
+    }
+    chosen
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort_unstable();
+    samples[samples.len() / 2]
+}
+
+fn millis(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+/// What one full solve did, for the table.
+struct Work {
+    /// The PF solve alone (the rest of the full solve is mostly payments).
+    pf_time: Duration,
+    /// Components whose PF program needed branch and bound.
+    pf_by_branch_and_bound: usize,
+    outcome: AuctionOutcome,
+    winners: usize,
+    certified: usize,
+    solved: usize,
+    fallbacks: usize,
+}
+
+fn full_solve(offer: &Offer, bids: &[AppBid], seed: u64) -> Work {
+    let auction = Auction::new(offer, bids).expect("valid instance");
+    let started = Instant::now();
+    let pf = auction.proportional_fair().expect("PF solve");
+    let pf_time = started.elapsed();
+    let payments = auction.payments(&pf).expect("payments");
+    let outcome = auction.settle(&pf, &payments, seed);
+    let winners = outcome.pf.values().filter(|entry| entry.is_some()).count();
+    let stats = payments.stats();
+    Work {
+        pf_time,
+        pf_by_branch_and_bound: pf.stats().by_branch_and_bound,
+        outcome: black_box(outcome),
+        winners,
+        certified: stats.certified,
+        solved: stats.solved,
+        fallbacks: stats.fallbacks,
+    }
+}
+
+fn bench_family(family: Family) {
+    println!(
+        "\n{:<9} {:>4} {:>4} {:>10} {:>10} {:>6} {:>8} {:>5} {:>7} {:>9} {:>7} {:>8}",
+        "family",
+        "apps",
+        "seed",
+        "full (ms)",
+        "naive (ms)",
+        "ratio",
+        "pf (ms)",
+        "pf bb",
+        "winners",
+        "certified",
+        "solved",
+        "fallback"
+    );
+    let (mut full_sum, mut naive_sum) = (Duration::ZERO, Duration::ZERO);
+    let mut worst_ratio: f64 = 0.0;
+    for apps in APP_COUNTS {
+        for seed in SEEDS {
+            let (offer, bids) = family.instance(apps, seed);
+            let mut work = None;
+            let full = median(
+                (0..REPEATS)
+                    .map(|_| {
+                        let started = Instant::now();
+                        work = Some(full_solve(&offer, &bids, seed));
+                        started.elapsed()
+                    })
+                    .collect(),
+            );
+            let mut naive_choice = None;
+            let naive = median(
+                (0..REPEATS)
+                    .map(|_| {
+                        let started = Instant::now();
+                        naive_choice = Some(naive_pf(&offer, &bids));
+                        started.elapsed()
+                    })
+                    .collect(),
+            );
+            let work = work.expect("solved");
+            let (engine_served, engine_welfare) = pf_objective(&bids, &work.outcome.pf);
+            let naive_choice = naive_choice.expect("solved");
+            let (naive_served, naive_welfare) = pf_objective(&bids, &naive_choice);
+            assert_eq!(
+                engine_served,
+                naive_served,
+                "{} {apps} {seed}",
+                family.name()
+            );
+            assert!(
+                (engine_welfare - naive_welfare).abs() <= 1e-6,
+                "{} {apps} apps seed {seed}: PF welfare {engine_welfare} vs naive {naive_welfare}",
+                family.name()
+            );
+            let ratio = full.as_secs_f64() / naive.as_secs_f64();
+            worst_ratio = worst_ratio.max(ratio);
+            full_sum += full;
+            naive_sum += naive;
+            println!(
+                "{:<9} {apps:>4} {seed:>4} {:>10.2} {:>10.2} {ratio:>6.2} {:>8.2} {:>5} {:>7} {:>9} {:>7} {:>8}",
+                family.name(),
+                millis(full),
+                millis(naive),
+                millis(work.pf_time),
+                work.pf_by_branch_and_bound,
+                work.winners,
+                work.certified,
+                work.solved,
+                work.fallbacks,
+            );
+        }
+    }
+    println!(
+        "{:<9} {:>9} {:>10.1} {:>10.1} {:>6.2}   (sum; worst ratio {worst_ratio:.2})",
+        family.name(),
+        "sum",
+        millis(full_sum),
+        millis(naive_sum),
+        full_sum.as_secs_f64() / naive_sum.as_secs_f64(),
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; any other argument selects families by name.
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|arg| !arg.starts_with("--"))
+        .collect();
+    for family in Family::ALL {
+        if filters.is_empty() || filters.iter().any(|f| family.name().contains(f.as_str())) {
+            bench_family(family);
+        }
+    }
+}
