@@ -115,6 +115,8 @@ struct RunningJob {
     has_run: bool,
     /// The successive-halving phase it was last placed in.
     placed_in_phase: usize,
+    /// The most GPUs it has run on in that phase.
+    widest_in_phase: usize,
 }
 
 /// An app as it actually runs: the truth, plus what was measured.
@@ -410,6 +412,7 @@ impl<'a> World<'a> {
                     paused_until: now,
                     has_run: false,
                     placed_in_phase: 0,
+                    widest_in_phase: 0,
                 };
                 (job.id.clone(), running)
             })
@@ -490,6 +493,10 @@ impl<'a> World<'a> {
             let grew = gpus.len() > app.gpus.len();
             app.gpus = gpus;
             let phase = current_phase(&app.truth);
+            let busy: usize = running_jobs(&app.truth)
+                .map(|job| app.jobs[&job.id].gpus.len())
+                .sum();
+            let has_idle = busy < app.gpus.len();
             let plans: Vec<JobPlacement> = running_jobs(&app.truth)
                 .map(|job| {
                     let running = &app.jobs[&job.id];
@@ -499,7 +506,11 @@ impl<'a> World<'a> {
                         max_gpus: app.truth.job_max_gpus(job),
                         slowdown: job.slowdown,
                         current: running.gpus.clone(),
-                        may_resize: grew || running.placed_in_phase != phase,
+                        // A job squeezed below the width it ran at in this phase (it lost GPUs
+                        // and resumed on fewer) widens again once the app has idle GPUs.
+                        may_resize: grew
+                            || running.placed_in_phase != phase
+                            || (has_idle && running.gpus.len() < running.widest_in_phase),
                     }
                 })
                 .collect();
@@ -507,7 +518,11 @@ impl<'a> World<'a> {
             let ids: Vec<String> = running_jobs(&app.truth).map(|job| job.id.clone()).collect();
             for (job, assigned) in ids.iter().zip(placed) {
                 let running = app.jobs.get_mut(job).expect("every job is tracked");
+                if running.placed_in_phase != phase {
+                    running.widest_in_phase = 0;
+                }
                 running.placed_in_phase = phase;
+                running.widest_in_phase = running.widest_in_phase.max(assigned.len());
                 if assigned == running.gpus {
                     continue;
                 }
@@ -569,7 +584,8 @@ struct JobPlacement {
     slowdown: PlacementSlowdown,
     /// The GPUs it runs on now.
     current: Vec<GpuIndex>,
-    /// Whether it may change width now: it entered a new phase, or the app got more GPUs.
+    /// Whether it may change width now: it entered a new phase, the app got more GPUs, or it
+    /// was squeezed below its width in this phase while the app holds idle GPUs.
     may_resize: bool,
 }
 
@@ -588,7 +604,9 @@ impl JobPlacement {
 /// model does ([`job_widths`], [`place_widths`]) but without moving a job for nothing:
 ///
 /// - a job keeps its GPUs, at the width it started with, while the app holds them all;
-/// - when it enters a new phase or the app got more GPUs, a job whose width should change is
+/// - when it enters a new phase, the app got more GPUs, or it runs on fewer GPUs than it did
+///   earlier in the phase (it lost some at a lease's end) while the app holds idle ones, a job
+///   whose width should change is
 ///   resized if that pays (growing must let the slowest of them finish sooner by more than the
 ///   restart pause, as the job model plans phases; a narrower share forces it) and,
 ///   restarting anyway, is placed afresh;

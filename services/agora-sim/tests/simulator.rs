@@ -469,3 +469,40 @@ proptest! {
         }
     }
 }
+
+/// A job that lost GPUs at a lease's end and resumed on fewer widens again once its app holds
+/// idle GPUs, instead of running narrow to the end of its phase. Workload 2 (30 apps, seed 2)
+/// on 256 GPUs: `w2-app-0025` arrives at 39,399 s and holds its whole demand from about 44,000 s;
+/// one of its four jobs was squeezed from 8 GPUs to 1 and, with 7 of the app's GPUs idle, ran
+/// on 1 for 86,000 s, so the app took 140,000 s (2.9x T_cluster) under Themis, SRSF and SRTF
+/// alike.
+#[test]
+fn a_squeezed_job_widens_again_when_its_app_has_idle_gpus() {
+    let cluster =
+        clusters::load_cluster(clusters::shipped::path(clusters::shipped::THEMIS_SIM_256))
+            .expect("the shipped 256-GPU cluster");
+    let workload = generate::workload2(&GeneratorConfig::philly_like(
+        30,
+        2,
+        generate::DEFAULT_DURATION_SCALE,
+    ))
+    .expect("valid generator config");
+    for policy in [Policy::Themis, Policy::Srtf] {
+        let config = SimulationConfig {
+            seed: 2,
+            market: MarketConfig {
+                policy,
+                ..MarketConfig::default()
+            },
+            ..SimulationConfig::default()
+        };
+        let report = run(&cluster, workload.apps.clone(), &config);
+        let app = report_of(&report, "w2-app-0025");
+        assert!(
+            app.completion_seconds < 1.25 * app.t_cluster_seconds,
+            "{policy}: {} s against T_cluster {} s",
+            app.completion_seconds,
+            app.t_cluster_seconds
+        );
+    }
+}
