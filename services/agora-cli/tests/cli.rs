@@ -199,7 +199,11 @@ fn timings_report_each_phase_on_standard_error() {
     let timed = agora(&["auction", "solve", path, "--timings"], None);
     assert!(timed.status.success(), "agora failed: {timed:?}");
     let timed_outcome: Value = serde_json::from_slice(&timed.stdout).expect("stdout is JSON");
-    assert_eq!(timed_outcome, stdout_json(&plain), "no timings unless asked");
+    assert_eq!(
+        timed_outcome,
+        stdout_json(&plain),
+        "no timings unless asked"
+    );
     let report = String::from_utf8(timed.stderr).expect("UTF-8");
     for phase in ["validation", "pf solve", "payments", "rounding", "total"] {
         assert!(report.contains(phase), "no {phase} line in:\n{report}");
