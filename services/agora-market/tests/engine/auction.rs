@@ -598,10 +598,25 @@ fn bidder_spec(may_starve: bool) -> impl Strategy<Value = BidderSpec> {
 
 /// 1-6 GPUs (in up to 3 shared classes, or one class each), 1-4 bidders with 0-4 entries each.
 fn spec(may_starve: bool) -> impl Strategy<Value = Spec> {
-    (
-        1usize..=6,
-        prop::option::of(prop::collection::vec(0u32..3, 6)),
+    spec_of(
+        1..=6,
+        3,
         prop::collection::vec(bidder_spec(may_starve), 1..=4),
+    )
+}
+
+/// An instance of `gpu_counts` GPUs, each in one of `classes` interchange classes or all
+/// distinct, and `bidders`.
+fn spec_of(
+    gpu_counts: std::ops::RangeInclusive<usize>,
+    classes: u32,
+    bidders: impl Strategy<Value = Vec<BidderSpec>>,
+) -> impl Strategy<Value = Spec> {
+    let most = *gpu_counts.end();
+    (
+        gpu_counts,
+        prop::option::of(prop::collection::vec(0..classes, most)),
+        bidders,
         any::<u64>(),
     )
         .prop_map(|(gpu_count, classes, bidders, seed)| Spec {
@@ -1364,21 +1379,7 @@ fn tie_spec() -> impl Strategy<Value = Spec> {
         prop::collection::vec((0u32..1024, round()), 0..=5),
     )
         .prop_map(|(rho_old, entries)| BidderSpec { rho_old, entries });
-    (
-        4usize..=10,
-        prop::option::of(prop::collection::vec(0u32..5, 10)),
-        prop::collection::vec(bidder, 2..=8),
-        any::<u64>(),
-    )
-        .prop_map(|(gpu_count, classes, bidders, seed)| Spec {
-            classes: classes.map(|mut classes| {
-                classes.truncate(gpu_count);
-                classes
-            }),
-            gpu_count,
-            bidders,
-            seed,
-        })
+    spec_of(4..=10, 5, prop::collection::vec(bidder, 2..=8))
 }
 
 proptest! {
