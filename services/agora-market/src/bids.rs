@@ -193,6 +193,18 @@ impl<'a> Candidates<'a> {
         }
     }
 
+    /// For an app whose lease just ended, well-placed bundles of `count` offered GPUs near
+    /// what it still holds, wherever its claimed GPUs are: a move, so that a job placed badly
+    /// while GPUs were scarce can be placed well once they are not.
+    fn moves(&self, count: usize) -> Vec<Vec<usize>> {
+        if self.renewal.is_empty() {
+            return Vec::new();
+        }
+        self.offer
+            .placement
+            .candidate_subsets(count, self.held, self.per_level)
+    }
+
     /// Candidate bundles of `count` offered GPUs, as offer positions.
     fn of_size(&self, count: usize) -> Vec<Vec<usize>> {
         let renewal = self.renewal;
@@ -224,20 +236,6 @@ impl<'a> Candidates<'a> {
                 bundle
             })
             .collect()
-    }
-}
-
-impl Candidates<'_> {
-    /// For an app whose lease just ended, well-placed bundles of `count` offered GPUs near
-    /// what it still holds, wherever its claimed GPUs are: a move, so that a job placed badly
-    /// while GPUs were scarce can be placed well once they are not.
-    fn moves(&self, count: usize) -> Vec<Vec<usize>> {
-        if self.renewal.is_empty() {
-            return Vec::new();
-        }
-        self.offer
-            .placement
-            .candidate_subsets(count, self.held, self.per_level)
     }
 }
 
