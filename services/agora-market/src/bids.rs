@@ -112,13 +112,9 @@ pub fn generate_bid(
             let Some(value) = rho(app, &combined, context).map(|rho| rho.get() + pause) else {
                 continue;
             };
-            let Ok(value) = Rho::new(value) else {
-                continue;
-            };
-            if improves(value.get(), rho_old)
-                && !valued.iter().any(|(_, seen)| same_items(seen, &subset))
+            if improves(value, rho_old) && !valued.iter().any(|(_, seen)| same_items(seen, &subset))
             {
-                valued.push((value.get(), subset));
+                valued.push((value, subset));
             }
         }
         valued.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -134,7 +130,7 @@ pub fn generate_bid(
                 .collect();
             bids.push(BidEntry {
                 gpus,
-                rho: Rho::new(value).expect("rho() returns valid values"),
+                rho: Rho::new(value).expect("a rho plus a pause is a valid rho"),
             });
         }
     }

@@ -290,6 +290,7 @@ fn group_payments(
 ) -> Result<Vec<Payment>, AuctionError> {
     let instance = context.instance;
     let members = group.members;
+    let gain = |member, option| instance.gain(member, option);
     let mut relaxation: Option<Relaxation> = None;
     let mut payments = Vec::with_capacity(group.payers.len());
     for &position in &group.payers {
@@ -313,10 +314,8 @@ fn group_payments(
             .iter()
             .map(|&m| if m == payer { None } else { options[m] })
             .collect();
-        let relaxation = relaxation.get_or_insert_with(|| {
-            let gain = |member, option| instance.gain(member, option);
-            Relaxation::new(context, members, gain, Some(starving_served))
-        });
+        let relaxation = relaxation
+            .get_or_insert_with(|| Relaxation::new(context, members, gain, Some(starving_served)));
         relaxation.exclude(position, starving_served);
         let certified = relaxation.solve_integral("payment", Some(&pf_without_payer));
         relaxation.restore(position);
@@ -326,7 +325,6 @@ fn group_payments(
         } else if budget.branch_and_bound_nodes == 0 {
             Payment::Fallback
         } else {
-            let gain = |member, option| instance.gain(member, option);
             let program = Program::new(context, &others, Some(starving_served), gain);
             match program.solve("payment", Some(budget))? {
                 Some(choice) => {
