@@ -79,7 +79,11 @@ pub(crate) fn decide_with(
     {
         return Err(MarketError::NotABidder(bid.app.clone()));
     }
-    let auction = run_auction(&inputs.offer, &inputs.bids, inputs.seed)?;
+    // Identical bids from apps that differ are told apart by the standings (worst off first,
+    // then what the apps are), not by their ids.
+    let mut bids = inputs.bids.clone();
+    bids.sort_by_key(|bid| inputs.bidders.iter().position(|app| *app == bid.app));
+    let auction = run_auction(&inputs.offer, &bids, inputs.seed)?;
     let mut leftover = offered_subset(&inputs.offer, &auction.unallocated);
     let mut grants: Grants = auction
         .allocation

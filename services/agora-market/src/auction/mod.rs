@@ -303,7 +303,8 @@ impl<'a> Instance<'a> {
             return Err(AuctionError::DuplicateApp(twice.app.clone()));
         }
         let mut sorted: Vec<&AppBid> = bids.iter().collect();
-        sorted.sort_by(|a, b| by_content(a, b).then(a.app.cmp(&b.app)));
+        // Stable: identical bids keep the order they were given in.
+        sorted.sort_by(|a, b| by_content(a, b));
         let bidders = sorted
             .into_iter()
             .map(|bid| {
@@ -501,7 +502,8 @@ fn best_placed(
 
 /// Orders bids by what they say, not by who says it: rho_old (starving first), then the table
 /// entry by entry. Bidders are solved and their rounding drawn in this order, so renaming an
-/// app changes nothing unless two bids are identical (then the app id decides).
+/// app changes nothing; identical bids keep the order given (a round gives them worst off
+/// first, [`crate::round::decide_round`]).
 fn by_content(a: &AppBid, b: &AppBid) -> std::cmp::Ordering {
     let rho_old = |bid: &AppBid| bid.rho_old.map_or(f64::INFINITY, |rho| rho.get());
     rho_old(b)

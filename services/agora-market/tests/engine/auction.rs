@@ -818,12 +818,12 @@ fn payment_without_a_bidder_keeps_the_starving_served() {
 #[test]
 fn interchangeable_gpus_let_two_bidders_naming_the_same_gpu_both_win() {
     // g0 and g1 are one class of two GPUs. Both bidders name g0, but a bundle is a per-class
-    // count, so both fit: a (first by id) gets g0, b gets the other GPU of the class, g1.
+    // count, so both fit: a (first as given) gets g0, b gets the other GPU of the class, g1.
     // No conflict, so nobody pays: c = 1 and both keep their GPU.
     let offer = offer_with_classes(&[("g0", 7), ("g1", 7)]);
     let bids = [
-        bid("b", Some(1.0), &[(&["g0"], 0.5)]),
         bid("a", Some(1.0), &[(&["g0"], 0.5)]),
+        bid("b", Some(1.0), &[(&["g0"], 0.5)]),
     ];
     let outcome = run(&offer, &bids, 3);
     assert_eq!(outcome.pf[&app("a")], Some(0));
