@@ -14,7 +14,7 @@
 //! also checked against the engine's PF objective, so the benchmark doubles as an oracle.
 //!
 //! Run with `cargo bench -p agora-market --bench auction` (add a family name, e.g. `-- random`,
-//! to run one family).
+//! to run one family; `BENCH_APPS=40` runs one size).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -210,6 +210,8 @@ struct Work {
     certified: usize,
     solved: usize,
     fallbacks: usize,
+    /// Branch-and-bound programs the payments ran.
+    programs: usize,
 }
 
 fn full_solve(offer: &Offer, bids: &[AppBid], seed: u64) -> Work {
@@ -217,8 +219,8 @@ fn full_solve(offer: &Offer, bids: &[AppBid], seed: u64) -> Work {
     let started = Instant::now();
     let pf = auction.proportional_fair().expect("PF solve");
     let pf_time = started.elapsed();
-    let payments = auction.payments(&pf).expect("payments");
-    let outcome = auction.settle(&pf, &payments, seed);
+    let payments = auction.payments(&pf, seed).expect("payments");
+    let outcome = auction.settle(&pf, &payments);
     let winners = outcome.pf.values().filter(|entry| entry.is_some()).count();
     let stats = payments.stats();
     Work {
@@ -229,12 +231,13 @@ fn full_solve(offer: &Offer, bids: &[AppBid], seed: u64) -> Work {
         certified: stats.certified,
         solved: stats.solved,
         fallbacks: stats.fallbacks,
+        programs: stats.programs,
     }
 }
 
 fn bench_family(family: Family) {
     println!(
-        "\n{:<9} {:>4} {:>4} {:>10} {:>10} {:>6} {:>8} {:>5} {:>7} {:>9} {:>7} {:>8}",
+        "\n{:<9} {:>4} {:>4} {:>10} {:>10} {:>6} {:>8} {:>5} {:>7} {:>9} {:>7} {:>8} {:>8}",
         "family",
         "apps",
         "seed",
@@ -246,11 +249,18 @@ fn bench_family(family: Family) {
         "winners",
         "certified",
         "solved",
-        "fallback"
+        "fallback",
+        "programs"
     );
     let (mut full_sum, mut naive_sum) = (Duration::ZERO, Duration::ZERO);
     let mut worst_ratio: f64 = 0.0;
-    for apps in APP_COUNTS {
+    let only: Option<usize> = std::env::var("BENCH_APPS")
+        .ok()
+        .and_then(|apps| apps.parse().ok());
+    for apps in APP_COUNTS
+        .into_iter()
+        .filter(|a| only.is_none_or(|o| o == *a))
+    {
         for seed in SEEDS {
             let (offer, bids) = family.instance(apps, seed);
             let mut work = None;
@@ -293,7 +303,7 @@ fn bench_family(family: Family) {
             full_sum += full;
             naive_sum += naive;
             println!(
-                "{:<9} {apps:>4} {seed:>4} {:>10.2} {:>10.2} {ratio:>6.2} {:>8.2} {:>5} {:>7} {:>9} {:>7} {:>8}",
+                "{:<9} {apps:>4} {seed:>4} {:>10.2} {:>10.2} {ratio:>6.2} {:>8.2} {:>5} {:>7} {:>9} {:>7} {:>8} {:>8}",
                 family.name(),
                 millis(full),
                 millis(naive),
@@ -303,6 +313,7 @@ fn bench_family(family: Family) {
                 work.certified,
                 work.solved,
                 work.fallbacks,
+                work.programs,
             );
         }
     }

@@ -207,10 +207,10 @@ fn solve_instance(instance: &AuctionInstance) -> Result<(AuctionOutcome, Timings
     let pf = auction.proportional_fair()?;
     let pf_solve = started.elapsed();
     let started = Instant::now();
-    let payments = auction.payments(&pf)?;
+    let payments = auction.payments(&pf, instance.seed)?;
     let payment_solves = started.elapsed();
     let started = Instant::now();
-    let outcome = auction.settle(&pf, &payments, instance.seed);
+    let outcome = auction.settle(&pf, &payments);
     let rounding = started.elapsed();
     let timings = Timings {
         validation,
@@ -255,12 +255,15 @@ impl fmt::Display for Timings {
         )?;
         writeln!(
             f,
-            "  payments    {:>10.3}  ({} payers: {} certified, {} solved, {} fallbacks)",
+            "  payments    {:>10.3}  ({} payers: {} certified, {} solved, {} fallbacks; \
+             {} known to an interval; {} branch-and-bound programs)",
             millis(self.payment_solves),
             payments.payers,
             payments.certified,
             payments.solved,
-            payments.fallbacks
+            payments.fallbacks,
+            payments.bounded,
+            payments.programs
         )?;
         writeln!(f, "  rounding    {:>10.3}", millis(self.rounding))?;
         writeln!(f, "  total       {:>10.3}", millis(total))

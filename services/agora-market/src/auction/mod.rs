@@ -9,12 +9,16 @@
 //! 3. GPUs are indivisible: i keeps floor or ceil of c_i * k of its k GPUs (ceil with probability
 //!    frac(c_i * k), from the seeded RNG), the best-placed subset.
 //!
+//! The rounding's uniform draws are made before the payments, so a payment is computed only as
+//! precisely as its rounding needs: the count of GPUs kept is exact, and c_i is then known
+//! exactly or to a certified interval (`c_bounds`) inside which the count does not change.
+//!
 //! Starving bidders (no GPU held, rho_old infinite) are handled as described in
 //! `docs/mechanism.md`: they are served first, and a starving winner keeps at least one GPU.
 
 mod solver;
 
-pub use solver::{PaymentBudget, PaymentStats, PfStats};
+pub use solver::{PaymentBudget, PaymentStats, PfStats, ShareBounds};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -110,8 +114,14 @@ pub struct AuctionOutcome {
     /// The concrete GPUs of each PF bundle. Interchangeable GPUs (same slot, same type) may be
     /// swapped for the ones the bid named when two winners named the same ones.
     pub pf_gpus: BTreeMap<AppId, Vec<GpuId>>,
-    /// Hidden-payment share c_i in (0, 1] of every bidder (1 for bidders that won nothing).
+    /// Hidden-payment share c_i in (0, 1] of every bidder (1 for bidders that won nothing):
+    /// exact, except for the bidders in `c_bounds`, where it is the interval's upper end.
     pub c: BTreeMap<AppId, f64>,
+    /// Payments known only as precisely as their rounding needed: c_i lies in the interval,
+    /// and every share in it above its lower end keeps the same number of GPUs with the
+    /// round's draw (at the lower end itself, to the solver's tolerance).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub c_bounds: BTreeMap<AppId, ShareBounds>,
     /// The GPUs each bidder keeps: a subset of its PF bundle.
     pub allocation: BTreeMap<AppId, Vec<GpuId>>,
     /// Offered GPUs nobody keeps: hidden payments plus GPUs no PF bundle used. These are the
@@ -166,8 +176,8 @@ pub fn run_auction(
 ) -> Result<AuctionOutcome, AuctionError> {
     let auction = Auction::new(offer, bids)?;
     let pf = auction.proportional_fair()?;
-    let payments = auction.payments(&pf)?;
-    Ok(auction.settle(&pf, &payments, seed))
+    let payments = auction.payments(&pf, seed)?;
+    Ok(auction.settle(&pf, &payments))
 }
 
 /// An auction run phase by phase, so that a caller can see where the time goes (`agora auction
@@ -191,10 +201,11 @@ impl PfChoice {
     }
 }
 
-/// The hidden payments of an [`Auction`].
+/// The hidden payments of an [`Auction`], with the rounding draws they were decided for.
 #[derive(Debug)]
 pub struct Payments {
     shares: solver::Shares,
+    draws: Vec<f64>,
 }
 
 impl Payments {
@@ -221,9 +232,10 @@ impl<'a> Auction<'a> {
         Ok(PfChoice { options, stats })
     }
 
-    /// Every bidder's hidden payment within the default budget, the one rounds use.
-    pub fn payments(&self, pf: &PfChoice) -> Result<Payments, AuctionError> {
-        self.payments_within(pf, PaymentBudget::default())
+    /// Every bidder's hidden payment within the default budget, the one rounds use, for the
+    /// rounding draws of `seed`.
+    pub fn payments(&self, pf: &PfChoice, seed: u64) -> Result<Payments, AuctionError> {
+        self.payments_within(pf, seed, PaymentBudget::default())
     }
 
     /// Every bidder's hidden payment; a payment that needs more than `budget` falls back to
@@ -231,16 +243,25 @@ impl<'a> Auction<'a> {
     pub fn payments_within(
         &self,
         pf: &PfChoice,
+        seed: u64,
         budget: PaymentBudget,
     ) -> Result<Payments, AuctionError> {
-        let shares = solver::payments(&self.instance, &self.structure, &pf.options, budget)?;
-        Ok(Payments { shares })
+        let draws = rounding_draws(&pf.options, seed);
+        let roundings = self.instance.roundings(&pf.options, &draws);
+        let shares = solver::payments(
+            &self.instance,
+            &self.structure,
+            &pf.options,
+            &roundings,
+            budget,
+        )?;
+        Ok(Payments { shares, draws })
     }
 
-    /// Rounds the shares to whole GPUs with the seeded RNG and gives each winner concrete
+    /// Rounds the shares to whole GPUs with the payments' draws and gives each winner concrete
     /// GPUs.
-    pub fn settle(&self, pf: &PfChoice, payments: &Payments, seed: u64) -> AuctionOutcome {
-        self.instance.settle(&pf.options, &payments.shares, seed)
+    pub fn settle(&self, pf: &PfChoice, payments: &Payments) -> AuctionOutcome {
+        self.instance.settle(&pf.options, payments)
     }
 }
 
@@ -385,9 +406,26 @@ impl<'a> Instance<'a> {
         }
     }
 
+    /// How each bidder's share turns into whole GPUs: its PF bundle's size and its draw
+    /// (`None` for bidders that won nothing).
+    fn roundings(&self, options: &Choice, draws: &[f64]) -> Vec<Option<Rounding>> {
+        self.bidders
+            .iter()
+            .zip(options)
+            .zip(draws)
+            .map(|((bidder, option), &draw)| {
+                option.map(|option| Rounding {
+                    size: bidder.options[option].gpu_count as usize,
+                    starving: bidder.is_starving(),
+                    draw,
+                })
+            })
+            .collect()
+    }
+
     /// Turns the solver's choice and payments into allocations of concrete GPUs.
-    fn settle(&self, options: &Choice, shares: &solver::Shares, seed: u64) -> AuctionOutcome {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    fn settle(&self, options: &Choice, payments: &Payments) -> AuctionOutcome {
+        let shares = &payments.shares;
         let pf_gpus = self.assign_concrete_gpus(options);
         let locations: HashMap<&GpuId, GpuLocation> = self
             .offer
@@ -403,17 +441,21 @@ impl<'a> Instance<'a> {
             if shares.fallback[index] {
                 outcome.payment_fallbacks.push(app.clone());
             }
+            if !share.is_exact() {
+                outcome.c_bounds.insert(app.clone(), share);
+            }
             let chosen = options[index].map(|option| bidder.options[option].entry);
             let bundle = &pf_gpus[index];
-            let keep = if bundle.is_empty() {
-                0
-            } else {
-                kept_count(share, bundle.len(), bidder.is_starving(), &mut rng)
+            let rounding = Rounding {
+                size: bundle.len(),
+                starving: bidder.is_starving(),
+                draw: payments.draws[index],
             };
+            let keep = rounding.kept(share.high);
             let kept = best_placed(bundle, keep, &locations);
             kept_anywhere.extend(kept.iter().cloned());
             outcome.pf.insert(app.clone(), chosen);
-            outcome.c.insert(app.clone(), share);
+            outcome.c.insert(app.clone(), share.high);
             outcome.pf_gpus.insert(app.clone(), bundle.clone());
             outcome.allocation.insert(app.clone(), kept);
         }
@@ -524,16 +566,48 @@ fn by_content(a: &AppBid, b: &AppBid) -> std::cmp::Ordering {
         })
 }
 
-/// How many of a PF bundle's `size` GPUs a bidder keeps with share `share`: c*k rounded up with
-/// probability frac(c*k). A starving winner keeps at least one (see docs/mechanism.md).
-fn kept_count(share: f64, size: usize, starving: bool, rng: &mut ChaCha8Rng) -> usize {
-    let exact = share * size as f64;
-    let floor = exact.floor();
-    let round_up = rng.random::<f64>() < exact - floor;
-    let kept = (floor as usize + usize::from(round_up)).min(size);
-    if starving {
-        kept.max(1)
-    } else {
-        kept
+/// One uniform draw in [0, 1) per PF winner, in bidder order, from the round's seed: the draw
+/// that rounds its share (see [`Rounding`]). Bidders that won nothing draw nothing.
+fn rounding_draws(options: &Choice, seed: u64) -> Vec<f64> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    options
+        .iter()
+        .map(|option| option.map_or(0.0, |_| rng.random::<f64>()))
+        .collect()
+}
+
+/// How a winner's share becomes whole GPUs of its PF bundle.
+#[derive(Debug, Clone, Copy)]
+struct Rounding {
+    /// GPUs in the PF bundle (0 for a bidder that won nothing).
+    size: usize,
+    starving: bool,
+    /// The winner's uniform draw in [0, 1).
+    draw: f64,
+}
+
+impl Rounding {
+    /// How many GPUs the winner keeps with share `share`: c*k rounded up when the draw is below
+    /// frac(c*k), i.e. with that probability. Non-decreasing in the share. A starving winner
+    /// keeps at least one (see docs/mechanism.md).
+    fn kept(&self, share: f64) -> usize {
+        if self.size == 0 {
+            return 0;
+        }
+        let exact = share * self.size as f64;
+        let floor = exact.floor();
+        let round_up = self.draw < exact - floor;
+        let kept = (floor as usize + usize::from(round_up)).min(self.size);
+        if self.starving {
+            kept.max(1)
+        } else {
+            kept
+        }
+    }
+
+    /// The share above which the winner keeps more than `kept` GPUs (and at or below which it
+    /// keeps at most `kept`), for `kept` below the bundle's size.
+    fn threshold(&self, kept: usize) -> f64 {
+        (kept as f64 + self.draw) / self.size as f64
     }
 }

@@ -12,9 +12,13 @@
 //!   group of payers that only changes the payer's column bounds between payments, so each
 //!   re-solve is a few dual simplex iterations from the previous basis; a winner whose bundle
 //!   uses no contested class pays nothing (c_i = 1) without any solve;
-//! - only a payment whose LP is fractional gets a binary program, within a deterministic
-//!   budget of branch-and-bound nodes ([`PaymentBudget`]); past it, the payer keeps c_i = 1
-//!   and is reported as a fallback (docs/mechanism.md);
+//! - a payment is needed only as precisely as its rounding to whole GPUs (the draws are made
+//!   first): the LP bound without the payer and the PF solution minus the payer bracket c_i,
+//!   and when every share in the bracket keeps the same GPUs, no binary program runs;
+//! - otherwise binary programs decide, one rounding threshold at a time, whether the others'
+//!   optimum without the payer exceeds it (a cut-off search that stops at the first better
+//!   solution), within a deterministic budget of branch-and-bound nodes ([`PaymentBudget`]);
+//!   past it, the payer keeps c_i = 1 and is reported as a fallback (docs/mechanism.md);
 //! - the groups of payers, and the components' PF programs, run in parallel, one HiGHS thread
 //!   each.
 
@@ -26,15 +30,15 @@ use std::sync::Mutex;
 use highs::{Col, HighsModelStatus, Model, RowProblem, Sense};
 use serde::{Deserialize, Serialize};
 
-use super::{AuctionError, Choice, Instance};
+use super::{AuctionError, Choice, Instance, Rounding};
 
 /// Payers whose payments share one LP model (and one worker). Fixed, not derived from the
 /// number of cores, so that which basis each re-solve starts from, and hence every result,
 /// is the same on every machine.
 const PAYERS_PER_MODEL: usize = 8;
 
-/// How much branch and bound a payment may use when its LP relaxation is fractional. Counted
-/// in nodes, not seconds, so that a replay of the auction takes the same decisions.
+/// How much branch and bound each program deciding a payment may use. Counted in nodes, not
+/// seconds, so that a replay of the auction takes the same decisions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PaymentBudget {
     pub branch_and_bound_nodes: u32,
@@ -68,19 +72,44 @@ pub struct PfStats {
 pub struct PaymentStats {
     /// PF winners in components of two or more bidders (the others pay nothing by definition).
     pub payers: usize,
-    /// Payments known exactly without branch and bound: the payer's bundle uses no contested
-    /// class, or the LP relaxation without the payer has an integral optimum.
+    /// Payments settled without branch and bound: the payer's bundle uses no contested class,
+    /// the LP relaxation without the payer proves c_i, or its bound brackets c_i tightly
+    /// enough for the rounding.
     pub certified: usize,
     /// Payments that needed branch and bound and finished within the budget.
     pub solved: usize,
     /// Payments that did not finish within the budget: the payer keeps c_i = 1.
     pub fallbacks: usize,
+    /// Of the settled payments, those known to an interval rather than exactly.
+    pub bounded: usize,
+    /// Binary programs run to decide payments.
+    pub programs: usize,
+}
+
+/// A hidden-payment share c_i, known exactly (`low == high`) or to a certified interval.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ShareBounds {
+    pub low: f64,
+    pub high: f64,
+}
+
+impl ShareBounds {
+    fn exact(share: f64) -> Self {
+        Self {
+            low: share,
+            high: share,
+        }
+    }
+
+    pub fn is_exact(&self) -> bool {
+        self.low == self.high
+    }
 }
 
 /// Every bidder's hidden-payment share c_i.
 #[derive(Debug)]
 pub(super) struct Shares {
-    pub shares: Vec<f64>,
+    pub shares: Vec<ShareBounds>,
     /// Bidders whose payment fell back to c_i = 1.
     pub fallback: Vec<bool>,
     pub stats: PaymentStats,
@@ -138,12 +167,13 @@ pub(super) fn proportional_fair(
     Ok((options, stats))
 }
 
-/// Every bidder's share c_i given the PF choice `options`. Only winners in components of two
-/// or more bidders pay anything.
+/// Every bidder's share c_i given the PF choice `options`, as precisely as each winner's
+/// `roundings` needs. Only winners in components of two or more bidders pay anything.
 pub(super) fn payments(
     instance: &Instance,
     structure: &Structure,
     options: &Choice,
+    roundings: &[Option<Rounding>],
     budget: PaymentBudget,
 ) -> Result<Shares, AuctionError> {
     let context = Context {
@@ -171,29 +201,33 @@ pub(super) fn payments(
     let span = tracing::info_span!("payment_solves", payers);
     let results = span.in_scope(|| {
         parallel_map(&groups, |group| {
-            group_payments(&context, group, options, budget, &span)
+            group_payments(&context, group, options, roundings, budget, &span)
         })
     });
     let mut shares = Shares {
-        shares: vec![1.0; instance.bidders.len()],
+        shares: vec![ShareBounds::exact(1.0); instance.bidders.len()],
         fallback: vec![false; instance.bidders.len()],
         stats: PaymentStats::default(),
     };
     for (group, payments) in groups.iter().zip(results) {
         for (&position, payment) in group.payers.iter().zip(payments?) {
             let payer = group.members[position];
-            shares.stats.payers += 1;
-            match payment {
-                Payment::Certified(share) => {
-                    shares.stats.certified += 1;
+            let stats = &mut shares.stats;
+            stats.payers += 1;
+            stats.programs += payment.programs;
+            match payment.share {
+                Some(share) if payment.programs == 0 => {
+                    stats.certified += 1;
+                    stats.bounded += usize::from(!share.is_exact());
                     shares.shares[payer] = share;
                 }
-                Payment::Solved(share) => {
-                    shares.stats.solved += 1;
+                Some(share) => {
+                    stats.solved += 1;
+                    stats.bounded += usize::from(!share.is_exact());
                     shares.shares[payer] = share;
                 }
-                Payment::Fallback => {
-                    shares.stats.fallbacks += 1;
+                None => {
+                    stats.fallbacks += 1;
                     shares.fallback[payer] = true;
                 }
             }
@@ -258,12 +292,11 @@ fn optimum(
     starving_served: Option<usize>,
 ) -> Result<(Vec<Option<usize>>, Method), AuctionError> {
     let mut relaxation = Relaxation::new(context, members, weight, starving_served);
-    if let Some(choice) = relaxation.solve_integral("proportional-fair", None)? {
+    if let Some(choice) = relaxation.solve_integral("proportional-fair", None)?.choice {
         return Ok((choice, Method::Relaxation));
     }
-    let choice = Program::new(context, members, starving_served, weight)
-        .solve("proportional-fair", None)?
-        .expect("without a budget the program is solved to optimality");
+    let program = Program::new(context, members, starving_served, weight, |_, _| true);
+    let choice = program.solve("proportional-fair")?;
     Ok((choice, Method::BranchAndBound))
 }
 
@@ -274,10 +307,19 @@ struct PayerGroup<'a> {
     payers: Vec<usize>,
 }
 
-enum Payment {
-    Certified(f64),
-    Solved(f64),
-    Fallback,
+/// A payment: its share (`None` when the budget ran out) and the binary programs it took.
+struct Payment {
+    share: Option<ShareBounds>,
+    programs: usize,
+}
+
+impl Payment {
+    fn certified(share: ShareBounds) -> Self {
+        Self {
+            share: Some(share),
+            programs: 0,
+        }
+    }
 }
 
 /// The payments of one group, in the order of its payers.
@@ -285,6 +327,7 @@ fn group_payments(
     context: &Context,
     group: &PayerGroup,
     options: &Choice,
+    roundings: &[Option<Rounding>],
     budget: PaymentBudget,
     span: &tracing::Span,
 ) -> Result<Vec<Payment>, AuctionError> {
@@ -298,7 +341,7 @@ fn group_payments(
         if !uses_contested_class(context, payer, options) {
             // The others' constraints are the same with and without the payer: x* minus the
             // payer stays their optimum.
-            payments.push(Payment::Certified(1.0));
+            payments.push(Payment::certified(ShareBounds::exact(1.0)));
             continue;
         }
         // Workers run the solves, so the span names its parent explicitly.
@@ -317,26 +360,178 @@ fn group_payments(
         let relaxation = relaxation
             .get_or_insert_with(|| Relaxation::new(context, members, gain, Some(starving_served)));
         relaxation.exclude(position, starving_served);
-        let certified = relaxation.solve_integral("payment", Some(&pf_without_payer));
-        relaxation.restore(position);
-        let payment = if let Some(choice) = certified? {
-            let without_payer = welfare(instance, members.iter().copied().zip(choice));
-            Payment::Certified(share(with_payer, without_payer))
-        } else if budget.branch_and_bound_nodes == 0 {
-            Payment::Fallback
-        } else {
-            let program = Program::new(context, &others, Some(starving_served), gain);
-            match program.solve("payment", Some(budget))? {
-                Some(choice) => {
-                    let without_payer = welfare(instance, others.iter().copied().zip(choice));
-                    Payment::Solved(share(with_payer, without_payer))
-                }
-                None => Payment::Fallback,
-            }
+        let screened = relaxation.solve_integral("payment", Some(&pf_without_payer));
+        let dived = match &screened {
+            Ok(screened) if screened.choice.is_none() => relaxation.dive("payment"),
+            _ => Ok(None),
         };
-        payments.push(payment);
+        relaxation.restore(position);
+        let (screened, dived) = (screened?, dived?);
+        if let Some(choice) = screened.choice {
+            let without_payer = welfare(instance, members.iter().copied().zip(choice));
+            payments.push(Payment::certified(ShareBounds::exact(share(
+                with_payer,
+                without_payer,
+            ))));
+            continue;
+        }
+        // A choice without the payer bounds the optimum below; the LP bounds it above.
+        let lower = [Some(pf_without_payer), dived]
+            .into_iter()
+            .flatten()
+            .map(|choice| {
+                let improved = improve(context, members, choice, position);
+                welfare(instance, members.iter().copied().zip(improved))
+            })
+            .fold(with_payer, f64::max);
+        let optimum = Bracket {
+            with_payer,
+            lower,
+            upper: screened.bound + OBJECTIVE_TOLERANCE * screened.bound.abs().max(1.0),
+        };
+        let rounding = roundings[payer].expect("a payer won a bundle");
+        let reach = &screened.reach;
+        // Only columns that some choice above the threshold could take enter its program.
+        let decide = |threshold: f64| {
+            let margin = OBJECTIVE_TOLERANCE * threshold.abs().max(1.0);
+            let keep =
+                |at: usize, option: usize| at != position && reach[at][option] > threshold - margin;
+            let program = Program::new(context, members, Some(starving_served), gain, keep);
+            program.exceeds("payment", threshold, budget)
+        };
+        payments.push(optimum.settle(rounding, decide)?);
     }
     Ok(payments)
+}
+
+/// What is known of the others' optimum without the payer (the PF objective over the payer's
+/// component, serving as many starving bidders as x*), as an interval.
+struct Bracket {
+    /// The others' welfare in x*.
+    with_payer: f64,
+    lower: f64,
+    upper: f64,
+}
+
+/// The answer of a program asked whether the optimum exceeds a threshold.
+enum Exceeds {
+    /// A choice worth `found` (above the threshold) exists; the optimum is at most `bound`.
+    Yes {
+        found: f64,
+        bound: f64,
+    },
+    No,
+}
+
+impl Bracket {
+    /// c_i's interval: a better optimum without the payer means a smaller share.
+    fn shares(&self) -> ShareBounds {
+        ShareBounds {
+            low: share(self.with_payer, self.upper),
+            high: share(self.with_payer, self.lower),
+        }
+    }
+
+    /// Narrows the bracket until the number of GPUs the payer keeps is known, asking `decide`
+    /// about one rounding threshold at a time (bisecting the counts still possible). `decide`
+    /// returns `None` when its budget ran out.
+    fn settle(
+        mut self,
+        rounding: Rounding,
+        mut decide: impl FnMut(f64) -> Result<Option<Exceeds>, AuctionError>,
+    ) -> Result<Payment, AuctionError> {
+        let mut programs = 0;
+        let mut fewest = rounding.kept(self.shares().low);
+        let mut most = rounding.kept(self.shares().high);
+        while fewest < most {
+            // Keeping at most `kept` GPUs means a share at or below the threshold, i.e. an
+            // optimum without the payer of at least `with_payer - ln(threshold)`.
+            let kept = (fewest + most) / 2;
+            let threshold = self.with_payer - rounding.threshold(kept).ln();
+            programs += 1;
+            match decide(threshold)? {
+                None => {
+                    return Ok(Payment {
+                        share: None,
+                        programs,
+                    })
+                }
+                Some(Exceeds::Yes { found, bound }) => {
+                    self.lower = self.lower.max(found);
+                    self.upper = self.upper.min(bound).max(self.lower);
+                    most = most.min(kept).min(rounding.kept(self.shares().high));
+                    fewest = fewest.max(rounding.kept(self.shares().low));
+                }
+                // No choice is worth more than the threshold, to the solver's tolerance: the
+                // share is above the rounding threshold, so the payer keeps more.
+                Some(Exceeds::No) => {
+                    self.upper = self.upper.min(threshold).max(self.lower);
+                    fewest = (kept + 1).max(rounding.kept(self.shares().low));
+                }
+            }
+        }
+        let share = Some(self.shares());
+        Ok(Payment { share, programs })
+    }
+}
+
+/// `choice` (in member order, without the payer at `payer`) improved by single moves, each a
+/// member switching to a better option that fits in the GPUs free, until none improves: a good
+/// choice without the payer, found in microseconds, whose worth bounds the optimum below. It
+/// is a certificate, not an optimiser: HiGHS's programs decide whatever it leaves open. A move
+/// never changes how many starving members are served, which the payment holds fixed.
+fn improve(
+    context: &Context,
+    members: &[usize],
+    mut choice: Vec<Option<usize>>,
+    payer: usize,
+) -> Vec<Option<usize>> {
+    let instance = context.instance;
+    let counts = |member: usize, option: Option<usize>| -> &[(usize, u32)] {
+        option.map_or(&[], |o| &instance.bidders[member].options[o].counts)
+    };
+    let mut used = vec![0u32; instance.capacity.len()];
+    for (&member, &option) in members.iter().zip(&choice) {
+        for &(class, count) in counts(member, option) {
+            used[class] += count;
+        }
+    }
+    let gain = |member, option: Option<usize>| option.map_or(0.0, |o| instance.gain(member, o));
+    let mut improved = true;
+    while improved {
+        improved = false;
+        for (position, &member) in members.iter().enumerate() {
+            let current = choice[position];
+            if position == payer || (current.is_none() && instance.bidders[member].is_starving()) {
+                continue;
+            }
+            for &(class, count) in counts(member, current) {
+                used[class] -= count;
+            }
+            let fits = |option: usize| {
+                counts(member, Some(option)).iter().all(|&(class, count)| {
+                    !context.contested[class] || used[class] + count <= instance.capacity[class]
+                })
+            };
+            let best = (0..instance.bidders[member].options.len())
+                .filter(|&option| fits(option))
+                .max_by(|&a, &b| {
+                    instance
+                        .gain(member, a)
+                        .total_cmp(&instance.gain(member, b))
+                });
+            if let Some(best) =
+                best.filter(|&best| gain(member, Some(best)) > gain(member, current))
+            {
+                choice[position] = Some(best);
+                improved = true;
+            }
+            for &(class, count) in counts(member, choice[position]) {
+                used[class] += count;
+            }
+        }
+    }
+    choice
 }
 
 /// Whether the payer's PF bundle takes any GPU of a contested class.
@@ -395,6 +590,7 @@ impl Formulation {
         weight: impl Fn(usize, usize) -> f64,
         integer: bool,
         starving_served: Option<usize>,
+        keep: impl Fn(usize, usize) -> bool,
     ) -> Self {
         let instance = context.instance;
         let mut problem = RowProblem::default();
@@ -410,6 +606,9 @@ impl Formulation {
             let first = columns.len();
             let mut row = Vec::with_capacity(bidder.options.len());
             for (index, option) in bidder.options.iter().enumerate() {
+                if !keep(position, index) {
+                    continue;
+                }
                 let cost = weight(member, index);
                 let column = if integer {
                     problem.add_integer_column(cost, 0..=1)
@@ -468,7 +667,6 @@ impl Formulation {
     /// The choice (in member order) of an optimal solution whose values are all 0 or 1, and
     /// whose objective is the solver's; `None` when the solution is fractional.
     fn integral_choice(&self, values: &[f64], objective: f64) -> Option<Vec<Option<usize>>> {
-        const INTEGRALITY: f64 = 1e-6;
         let mut choice = vec![None; self.columns_of.len()];
         for (&(position, option), &x) in self.columns.iter().zip(values) {
             if x > 1.0 - INTEGRALITY {
@@ -482,6 +680,29 @@ impl Formulation {
         // Rounding must not lose objective: then the choice is optimal to the tolerance that
         // branch and bound would prove (`mip_abs_gap`).
         self.attains(&choice, objective).then_some(choice)
+    }
+
+    /// See [`Screening::reach`]. For an LP optimum z, every feasible x is worth at most
+    /// z + sum_j d_j (x_j - x*_j) with the reduced costs d_j (<= 0 at a lower bound of a
+    /// maximum), so a column at 0 taken at 1 costs at least |d_j|.
+    fn reach(&self, solved: &highs::SolvedModel, bound: f64) -> Vec<Vec<f64>> {
+        let solution = solved.get_solution();
+        let mut reach: Vec<Vec<f64>> = self
+            .columns_of
+            .iter()
+            .map(|columns| vec![bound; columns.len()])
+            .collect();
+        let columns = self
+            .columns
+            .iter()
+            .zip(solution.columns())
+            .zip(solution.dual_columns());
+        for ((&(position, option), &value), &reduced_cost) in columns {
+            if value <= INTEGRALITY {
+                reach[position][option] = bound - reduced_cost.abs();
+            }
+        }
+        reach
     }
 
     /// Sets the upper bound of every column of member `position`.
@@ -502,6 +723,9 @@ impl Formulation {
     }
 }
 
+/// How far from 0 or 1 an LP value may be and still count as integral.
+const INTEGRALITY: f64 = 1e-6;
+
 /// The absolute optimality tolerance of every program, relative to objectives of magnitude 1.
 const OBJECTIVE_TOLERANCE: f64 = 1e-9;
 
@@ -514,10 +738,7 @@ fn quiet_single_thread(model: &mut Model) {
 }
 
 fn solved_optimal(model: Model, program: &'static str) -> Result<highs::SolvedModel, AuctionError> {
-    let solved = model.try_solve().map_err(|status| AuctionError::Solver {
-        program,
-        detail: format!("{status:?}"),
-    })?;
+    let solved = solve_status(model, program)?;
     match solved.status() {
         HighsModelStatus::Optimal => Ok(solved),
         status => Err(AuctionError::Solver {
@@ -525,6 +746,17 @@ fn solved_optimal(model: Model, program: &'static str) -> Result<highs::SolvedMo
             detail: format!("ended with status {status:?}"),
         }),
     }
+}
+
+/// What an LP relaxation says of its binary program.
+struct Screening {
+    /// An optimal choice of the binary program, when the LP proves one.
+    choice: Option<Vec<Option<usize>>>,
+    /// The LP optimum: an upper bound on the binary program's.
+    bound: f64,
+    /// For each column (by member position, then option), an upper bound on every choice that
+    /// takes it: the LP optimum less the column's reduced cost when the LP leaves it at 0.
+    reach: Vec<Vec<f64>>,
 }
 
 /// The LP relaxation of a component's program, kept between solves: a payment excludes the
@@ -543,7 +775,9 @@ impl Relaxation {
         weight: impl Fn(usize, usize) -> f64,
         starving_served: Option<usize>,
     ) -> Self {
-        let mut formulation = Formulation::new(context, members, weight, false, starving_served);
+        let keep_all = |_, _| true;
+        let mut formulation =
+            Formulation::new(context, members, weight, false, starving_served, keep_all);
         let problem = std::mem::take(&mut formulation.problem);
         let mut model = problem.optimise(Sense::Maximise);
         quiet_single_thread(&mut model);
@@ -563,7 +797,7 @@ impl Relaxation {
         &mut self,
         program: &'static str,
         known: Option<&[Option<usize>]>,
-    ) -> Result<Option<Vec<Option<usize>>>, AuctionError> {
+    ) -> Result<Screening, AuctionError> {
         let model = self
             .model
             .take()
@@ -578,8 +812,53 @@ impl Relaxation {
                     .filter(|known| self.formulation.attains(known, bound))
                     .map(<[Option<usize>]>::to_vec)
             });
+        let reach = self.formulation.reach(&solved, bound);
         self.model = Some(Model::from(solved));
-        Ok(choice)
+        Ok(Screening {
+            choice,
+            bound,
+            reach,
+        })
+    }
+
+    /// A choice of the binary program found by diving from the last LP optimum: the column
+    /// with the largest fractional value is fixed to 1 (to 0 when that leaves the LP
+    /// infeasible) and the LP re-solved from its basis, until the LP optimum is integral.
+    /// `None` when the dive ends infeasible. The fixed columns are released afterwards.
+    fn dive(&mut self, program: &'static str) -> Result<Option<Vec<Option<usize>>>, AuctionError> {
+        let mut fixed = Vec::new();
+        let mut found = None;
+        let mut model = self
+            .model
+            .take()
+            .expect("the model is back after every solve");
+        // Each step fixes a column for good, so the dive ends within one step per column.
+        for _ in 0..=self.formulation.columns.len() {
+            let solved = solve_status(model, program)?;
+            let optimal = solved.status() == HighsModelStatus::Optimal;
+            let values = solved.get_solution().columns().to_vec();
+            model = Model::from(solved);
+            if !optimal {
+                break;
+            }
+            let fractional = values
+                .iter()
+                .enumerate()
+                .filter(|&(_, &x)| x > INTEGRALITY && x < 1.0 - INTEGRALITY)
+                .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)));
+            let Some((column, _)) = fractional else {
+                found = self.formulation.integral_choice(&values, f64::NEG_INFINITY);
+                break;
+            };
+            let handle = self.formulation.handles[column];
+            model.change_column_bounds(handle, 1.0..=1.0);
+            fixed.push(handle);
+        }
+        for handle in fixed {
+            model.change_column_bounds(handle, 0.0..=1.0);
+        }
+        self.model = Some(model);
+        Ok(found)
     }
 
     /// Leaves member `position` out and serves exactly `starving_served` starving members.
@@ -602,30 +881,30 @@ impl Relaxation {
 /// One binary program over a set of bidders, for branch and bound.
 struct Program {
     formulation: Formulation,
+    /// Whether choosing nothing meets the starving count.
+    serves_nobody: bool,
 }
 
 impl Program {
+    /// The program over `members` with the columns `keep` accepts (by member position and
+    /// option).
     fn new(
         context: &Context,
         members: &[usize],
         starving_served: Option<usize>,
         weight: impl Fn(usize, usize) -> f64,
+        keep: impl Fn(usize, usize) -> bool,
     ) -> Self {
+        let formulation = Formulation::new(context, members, weight, true, starving_served, keep);
+        let serves_nobody = starving_served.is_none_or(|served| served == 0);
         Self {
-            formulation: Formulation::new(context, members, weight, true, starving_served),
+            formulation,
+            serves_nobody,
         }
     }
 
-    /// The optimal choice in member order; `None` when `budget` ran out first.
-    fn solve(
-        mut self,
-        program: &'static str,
-        budget: Option<PaymentBudget>,
-    ) -> Result<Option<Vec<Option<usize>>>, AuctionError> {
-        let mut choice = vec![None; self.formulation.columns_of.len()];
-        if self.formulation.columns.is_empty() {
-            return Ok(Some(choice));
-        }
+    /// The branch-and-bound model of the program.
+    fn model(&mut self) -> Model {
         let problem = std::mem::take(&mut self.formulation.problem);
         let mut model = problem.optimise(Sense::Maximise);
         quiet_single_thread(&mut model);
@@ -635,29 +914,73 @@ impl Program {
         // feasibility jump has a fixed effort floor.
         model.set_option("mip_heuristic_run_feasibility_jump", false);
         model.set_option("mip_heuristic_run_root_reduced_cost", false);
-        if let Some(budget) = budget {
-            let nodes = i32::try_from(budget.branch_and_bound_nodes).unwrap_or(i32::MAX);
-            model.set_option("mip_max_nodes", nodes);
+        model
+    }
+
+    /// Whether some choice is worth more than `threshold`: a search that prunes every node
+    /// whose bound is not above the threshold, so that the first solution it accepts answers
+    /// yes and it stops there. `None` when `budget` ran out first.
+    fn exceeds(
+        mut self,
+        program: &'static str,
+        threshold: f64,
+        budget: PaymentBudget,
+    ) -> Result<Option<Exceeds>, AuctionError> {
+        if self.formulation.columns.is_empty() {
+            // Choosing nothing, worth 0, is the only choice left (if it serves enough).
+            let nothing_exceeds = self.serves_nobody && threshold < 0.0;
+            return Ok(Some(if nothing_exceeds {
+                Exceeds::Yes {
+                    found: 0.0,
+                    bound: 0.0,
+                }
+            } else {
+                Exceeds::No
+            }));
         }
-        let solved = model.try_solve().map_err(|status| AuctionError::Solver {
-            program,
-            detail: format!("{status:?}"),
-        })?;
+        if budget.branch_and_bound_nodes == 0 {
+            return Ok(None);
+        }
+        let mut model = self.model();
+        // HiGHS minimises internally: a maximum's cut-off is the negated threshold.
+        model.set_option("objective_bound", -threshold);
+        model.set_option("mip_max_improving_sols", 1);
+        model.set_option("presolve", "on");
+        let nodes = i32::try_from(budget.branch_and_bound_nodes).unwrap_or(i32::MAX);
+        model.set_option("mip_max_nodes", nodes);
+        let solved = solve_status(model, program)?;
+        let found = solved.objective_value();
         match solved.status() {
-            HighsModelStatus::Optimal => {}
-            // HiGHS ends a search cut short by mip_max_nodes with a limit status.
-            HighsModelStatus::ReachedSolutionLimit | HighsModelStatus::ReachedIterationLimit
-                if budget.is_some() =>
+            HighsModelStatus::Infeasible => Ok(Some(Exceeds::No)),
+            // The solution limit ends both a search that found a solution (above the cut-off)
+            // and one that ran out of nodes.
+            HighsModelStatus::Optimal | HighsModelStatus::ReachedSolutionLimit
+                if found.is_finite() && found > threshold =>
             {
-                return Ok(None)
+                let bound = solved
+                    .double_info_value(c"mip_dual_bound")
+                    .unwrap_or(f64::INFINITY);
+                let bound = bound + OBJECTIVE_TOLERANCE * bound.abs().max(1.0);
+                Ok(Some(Exceeds::Yes { found, bound }))
             }
-            status => {
-                return Err(AuctionError::Solver {
-                    program,
-                    detail: format!("ended with status {status:?}"),
-                })
+            HighsModelStatus::Optimal => Ok(Some(Exceeds::No)),
+            HighsModelStatus::ReachedSolutionLimit | HighsModelStatus::ReachedIterationLimit => {
+                Ok(None)
             }
+            status => Err(AuctionError::Solver {
+                program,
+                detail: format!("ended with status {status:?}"),
+            }),
         }
+    }
+
+    /// The optimal choice in member order.
+    fn solve(mut self, program: &'static str) -> Result<Vec<Option<usize>>, AuctionError> {
+        let mut choice = vec![None; self.formulation.columns_of.len()];
+        if self.formulation.columns.is_empty() {
+            return Ok(choice);
+        }
+        let solved = solved_optimal(self.model(), program)?;
         for (&value, &(position, option)) in solved
             .get_solution()
             .columns()
@@ -668,8 +991,15 @@ impl Program {
                 choice[position] = Some(option);
             }
         }
-        Ok(Some(choice))
+        Ok(choice)
     }
+}
+
+fn solve_status(model: Model, program: &'static str) -> Result<highs::SolvedModel, AuctionError> {
+    model.try_solve().map_err(|status| AuctionError::Solver {
+        program,
+        detail: format!("{status:?}"),
+    })
 }
 
 fn contested_classes(instance: &Instance) -> Vec<bool> {

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use agora_market::app::AppId;
 use agora_market::auction::{
     run_auction, AppBid, Auction, AuctionError, AuctionOutcome, BidEntry, Offer, OfferedGpu,
-    PaymentBudget, PaymentStats,
+    PaymentBudget, ShareBounds,
 };
 use agora_market::rho::Rho;
 use agora_market::topology::{GpuId, GpuLocation};
@@ -410,24 +410,35 @@ fn check_outcome(offer: &Offer, bids: &[AppBid], outcome: &AuctionOutcome) {
         "PF welfare {pf_welfare} of {pf:?}, optimum {welfare}"
     );
 
-    // Hidden payments.
+    // Hidden payments: exact, or an interval (ending at c) that holds the oracle's share. The
+    // share the rounding is checked against below is the oracle's where there is one.
+    let mut true_shares = BTreeMap::new();
     for (bidder, model_bidder) in model.bidders.iter().enumerate() {
-        let share = outcome.c[&model_bidder.app];
+        let app = &model_bidder.app;
+        let share = outcome.c[app];
+        assert!(share > 0.0 && share <= 1.0, "c of {app} is {share}");
+        let bounds = outcome.c_bounds.get(app).copied().unwrap_or(ShareBounds {
+            low: share,
+            high: share,
+        });
         assert!(
-            share > 0.0 && share <= 1.0,
-            "c of {} is {share}",
-            model_bidder.app
+            bounds.low < bounds.high || !outcome.c_bounds.contains_key(app),
+            "{app}: an interval in c_bounds is not a point"
         );
+        assert_eq!(bounds.high, share, "{app}: c is the interval's upper end");
+        let mut true_share = share;
         if pf[bidder].is_none() {
             assert_eq!(share, 1.0, "a bidder that wins nothing pays nothing");
         } else if model.all_finite() {
-            assert_close(
-                share,
-                model.share(&pf, bidder),
-                1e-9,
-                "hidden payment share",
+            true_share = model.share(&pf, bidder);
+            assert!(
+                true_share >= bounds.low - 1e-9 && true_share <= bounds.high + 1e-9,
+                "{app}: the oracle's c = {true_share} is outside [{}, {}]",
+                bounds.low,
+                bounds.high
             );
         }
+        true_shares.insert(app, true_share);
     }
 
     // Concrete PF bundles: per-class counts of the chosen entry, offered, disjoint.
@@ -465,7 +476,7 @@ fn check_outcome(offer: &Offer, bids: &[AppBid], outcome: &AuctionOutcome) {
             );
             assert!(kept_anywhere.insert(id.clone()), "GPU {id} is kept twice");
         }
-        let exact = outcome.c[&model_bidder.app] * bundle.len() as f64;
+        let exact = true_shares[&model_bidder.app] * bundle.len() as f64;
         let (floor, ceil) = (exact.floor() as usize, exact.ceil() as usize);
         let allowed = if model.is_starving(bidder) && !bundle.is_empty() {
             [floor.max(1), ceil.max(1)]
@@ -478,7 +489,7 @@ fn check_outcome(offer: &Offer, bids: &[AppBid], outcome: &AuctionOutcome) {
             model_bidder.app,
             kept.len(),
             bundle.len(),
-            outcome.c[&model_bidder.app]
+            true_shares[&model_bidder.app]
         );
     }
 
@@ -1183,7 +1194,10 @@ proptest! {
         let true_rho_old = model.bidders[liar].rho_old.expect("finite instance");
 
         // True utility: c times the true valuation of the bundle won (its best true entry with
-        // the same per-class counts, which is at least the entry's own), or 1/rho_old.
+        // the same per-class counts, which is at least the entry's own), or 1/rho_old. c is the
+        // mechanism's exact share of the engine's PF choice (the engine may know it only to an
+        // interval, which `check_outcome` holds against this same formula).
+        let best_without = model.best_without(liar, 0);
         let utility = |outcome: &AuctionOutcome| -> f64 {
             let bundle = &outcome.pf_gpus[&truthful[liar].app];
             if bundle.is_empty() {
@@ -1197,12 +1211,15 @@ proptest! {
                 .map(|entry| entry.rho)
                 .fold(f64::INFINITY, f64::min);
             assert!(true_rho.is_finite(), "the bundle won matches no entry of the true table");
-            outcome.c[&truthful[liar].app] / true_rho
+            let others_welfare: f64 = (0..truthful.len())
+                .filter(|&other| other != liar)
+                .filter_map(|other| outcome.pf[&truthful[other].app].map(|entry| model.gain(other, entry)))
+                .sum();
+            (others_welfare - best_without).exp() / true_rho
         };
         let honest = utility(&run(&offer, &truthful, spec.seed));
 
         // The truthful utility is the oracle's maximum of v_i(x) * exp(W_{-i}(x) - W_{-i}(y)).
-        let best_without = model.best_without(liar, 0);
         let optimum = model
             .choices(true)
             .iter()
@@ -1385,8 +1402,10 @@ fn tie_spec() -> impl Strategy<Value = Spec> {
 proptest! {
     #![proptest_config(config())]
 
-    /// The fast path (LP screening, certified payments, shared models) chooses a PF choice as
-    /// good as the reference's and charges every winner the reference's c_i for that choice.
+    /// The fast path (LP screening, certified payments, shared models, payments bracketed as
+    /// far as the rounding needs) chooses a PF choice as good as the reference's, and every
+    /// winner's c_i is the reference's or a certified interval around it in which the GPUs kept
+    /// do not change.
     #[test]
     fn fast_path_matches_one_milp_per_payment(spec in tie_spec()) {
         let (offer, bids) = (spec.offer(), spec.bids());
@@ -1411,15 +1430,34 @@ proptest! {
                 let served = others.iter().filter(|&&b| model.is_starving(b) && pf[b].is_some()).count();
                 (welfare_of(&model, &pf, &others) - reference.best_welfare(&others, served)).exp()
             };
-            assert_close(outcome.c[&model_bidder.app], expected, 1e-7, "c against the reference");
+            let app = &model_bidder.app;
+            match outcome.c_bounds.get(app) {
+                None => assert_close(outcome.c[app], expected, 1e-7, "c against the reference"),
+                Some(bounds) => {
+                    prop_assert!(
+                        expected >= bounds.low - 1e-7 && expected <= bounds.high + 1e-7,
+                        "{}: reference c = {} outside [{}, {}]", app, expected, bounds.low, bounds.high
+                    );
+                    // Every share in the interval keeps the same GPUs, the reference's too.
+                    let (size, kept) = (outcome.pf_gpus[app].len() as f64, outcome.allocation[app].len());
+                    let possible = |share: f64| {
+                        let exact = share * size;
+                        let lowest = usize::from(model.is_starving(bidder)).max(exact.floor() as usize);
+                        (lowest..=exact.ceil().max(1.0) as usize).contains(&kept)
+                    };
+                    prop_assert!(possible(expected) && possible(bounds.high), "{} keeps {} of {}", app, kept, size);
+                }
+            }
         }
     }
 }
 
 #[test]
-fn a_payment_past_its_budget_falls_back_to_no_payment_and_is_reported() {
+fn a_payment_is_decided_only_as_far_as_its_rounding_needs_and_falls_back_past_its_budget() {
     // Without p, a, b and c compete for g0..g2 in an odd cycle: the LP relaxation takes half
-    // of each (1.5 ln 2) where only one can win (ln 2), so p's payment needs branch and bound.
+    // of each (1.5 ln 2) where only one can win (ln 2), so c_p = 1/2 is bracketed by
+    // [2^-1.5, 1/2]: c_p * 3 in [1.06, 1.5]. p keeps 1 or 2 GPUs; the bracket decides which
+    // unless the round's draw falls between 0.06 and 0.5, when one program must.
     let offer = plain_offer(&["g0", "g1", "g2"]);
     let bids = [
         bid("p", Some(100.0), &[(&["g0", "g1", "g2"], 1.0)]),
@@ -1430,46 +1468,56 @@ fn a_payment_past_its_budget_falls_back_to_no_payment_and_is_reported() {
     let auction = Auction::new(&offer, &bids).expect("valid");
     let pf = auction.proportional_fair().expect("solved");
     assert_eq!(pf.stats().components, 1);
-
-    let exact = auction.payments(&pf).expect("solved");
-    let outcome = auction.settle(&pf, &exact, 0);
-    assert_eq!(outcome.pf[&app("p")], Some(0));
-    assert_close(
-        outcome.c[&app("p")],
-        0.5,
-        1e-9,
-        "c_p = v(nothing) / v(a bundle)",
-    );
-    assert!(outcome.payment_fallbacks.is_empty());
-    assert_eq!(
-        exact.stats(),
-        PaymentStats {
-            payers: 1,
-            certified: 0,
-            solved: 1,
-            fallbacks: 0
-        }
-    );
-
     let no_branching = PaymentBudget {
         branch_and_bound_nodes: 0,
     };
-    let capped = auction.payments_within(&pf, no_branching).expect("closes");
-    let outcome = auction.settle(&pf, &capped, 0);
-    assert_eq!(outcome.c[&app("p")], 1.0, "the fallback charges nothing");
-    assert_eq!(outcome.allocation[&app("p")], gpus(&["g0", "g1", "g2"]));
-    assert_eq!(outcome.payment_fallbacks, vec![app("p")]);
-    assert_eq!(
-        capped.stats(),
-        PaymentStats {
-            payers: 1,
-            certified: 0,
-            solved: 0,
-            fallbacks: 1
+    let (mut by_bracket, mut by_program) = (0, 0);
+    for seed in 0..40 {
+        let payments = auction.payments(&pf, seed).expect("solved");
+        let outcome = auction.settle(&pf, &payments);
+        assert_eq!(outcome.pf[&app("p")], Some(0));
+        assert_close(outcome.c[&app("p")], 0.5, 1e-9, "c_p's upper end");
+        let bounds = outcome.c_bounds[&app("p")];
+        assert!(
+            bounds.low <= 0.5 && bounds.low >= 0.5f64.powf(1.5) - 1e-9,
+            "{bounds:?}"
+        );
+        let kept = outcome.allocation[&app("p")].len();
+        assert!(kept == 1 || kept == 2, "seed {seed}: p keeps {kept}");
+        let stats = payments.stats();
+        assert_eq!((stats.payers, stats.fallbacks, stats.bounded), (1, 0, 1));
+        let capped = auction
+            .payments_within(&pf, seed, no_branching)
+            .expect("closes");
+        let capped_outcome = auction.settle(&pf, &capped);
+        if stats.programs == 0 {
+            by_bracket += 1;
+            assert_eq!(stats.certified, 1);
+            assert_eq!(capped_outcome, outcome, "no program, so no budget needed");
+        } else {
+            by_program += 1;
+            assert_eq!((stats.solved, stats.programs), (1, 1));
+            // Past its budget the payment falls back to c = 1, and the outcome says so.
+            assert_eq!(
+                capped_outcome.c[&app("p")],
+                1.0,
+                "the fallback charges nothing"
+            );
+            assert_eq!(
+                capped_outcome.allocation[&app("p")],
+                gpus(&["g0", "g1", "g2"])
+            );
+            assert_eq!(capped_outcome.payment_fallbacks, vec![app("p")]);
+            assert_eq!(capped.stats().fallbacks, 1);
+            let json = serde_json::to_value(&capped_outcome).expect("serialisable");
+            assert_eq!(json["payment_fallbacks"], serde_json::json!(["p"]));
         }
+    }
+    // About 44% of draws fall in (0.06, 0.5).
+    assert!(
+        by_bracket >= 10 && by_program >= 10,
+        "{by_bracket} by bracket, {by_program} by program"
     );
-    let json = serde_json::to_value(&outcome).expect("serialisable");
-    assert_eq!(json["payment_fallbacks"], serde_json::json!(["p"]));
 }
 
 #[test]
@@ -1482,8 +1530,8 @@ fn payments_of_bundles_nobody_else_can_use_are_certified_without_a_solve() {
     ];
     let auction = Auction::new(&offer, &bids).expect("valid");
     let pf = auction.proportional_fair().expect("solved");
-    let payments = auction.payments(&pf).expect("solved");
-    let outcome = auction.settle(&pf, &payments, 0);
+    let payments = auction.payments(&pf, 0).expect("solved");
+    let outcome = auction.settle(&pf, &payments);
     assert_eq!(outcome.pf[&app("a")], Some(1));
     assert_eq!(outcome.pf[&app("b")], Some(0));
     assert_eq!(outcome.c[&app("a")], 1.0);
