@@ -376,17 +376,10 @@ fn group_payments(
             continue;
         }
         // A choice without the payer bounds the optimum below; the LP bounds it above.
-        let lower = [Some(pf_without_payer), dived]
-            .into_iter()
-            .flatten()
-            .map(|choice| {
-                let improved = improve(context, members, choice, position);
-                welfare(instance, members.iter().copied().zip(improved))
-            })
-            .fold(with_payer, f64::max);
+        let starts = [Some(pf_without_payer), dived].into_iter().flatten();
         let optimum = Bracket {
             with_payer,
-            lower,
+            lower: best_improved(context, members, position, starts).max(with_payer),
             upper: screened.bound + OBJECTIVE_TOLERANCE * screened.bound.abs().max(1.0),
         };
         let rounding = roundings[payer].expect("a payer won a bundle");
@@ -473,6 +466,22 @@ impl Bracket {
         let share = Some(self.shares());
         Ok(Payment { share, programs })
     }
+}
+
+/// The best worth of the `starts` (choices without the payer at `payer`, in member order), each
+/// improved by [`improve`].
+fn best_improved(
+    context: &Context,
+    members: &[usize],
+    payer: usize,
+    starts: impl Iterator<Item = Vec<Option<usize>>>,
+) -> f64 {
+    starts
+        .map(|start| {
+            let improved = improve(context, members, start, payer);
+            welfare(context.instance, members.iter().copied().zip(improved))
+        })
+        .fold(f64::NEG_INFINITY, f64::max)
 }
 
 /// `choice` (in member order, without the payer at `payer`) improved by single moves, each a
