@@ -160,19 +160,35 @@ def test_a_pruned_study_runs_to_completion_on_leases_and_resumes_a_revoked_trial
 
 
 def test_two_tenants_studies_share_the_cluster_and_both_finish(server: Server, admin: Client) -> None:
-    outcomes: dict[str, Any] = {}
+    # The vision team's study starts alone and takes the whole cluster (6 trials, 4 GPUs); the
+    # speech team's registers while vision's trials run on every GPU, and must still hold GPUs
+    # within a few rounds.
+    outcomes: dict[str, tuple[optuna.Study, StudyResult]] = {}
+    failures: dict[str, BaseException] = {}
+    vision_holds_the_cluster = threading.Event()
 
-    def search(name: str) -> None:
-        with server.client(admin.create_tenant(f"team-{name}").token) as client:
-            study = optuna.create_study(
-                sampler=optuna.samplers.RandomSampler(seed=len(name)),
-                pruner=optuna.pruners.HyperbandPruner(min_resource=2, max_resource=8, reduction_factor=2),
-            )
-            outcomes[name] = (
-                study,
-                run_study(
+    def note_running(trial: optuna.Trial, run: AgoraTrial, state: dict[str, Any]) -> None:
+        if vision_holds_the_cluster.is_set():
+            return
+        held = server.query(
+            f"SELECT sum(cardinality(gpus)) AS gpus FROM leases WHERE state = 'active' "
+            f"AND app_id = (SELECT app_id FROM leases WHERE id = {run.lease})"
+        )
+        if held == [{"gpus": 4}]:
+            vision_holds_the_cluster.set()
+
+    def search(name: str, on_step: Any = None) -> None:
+        try:
+            if name == "speech" and not vision_holds_the_cluster.wait(60):
+                raise AssertionError("the vision study never held all 4 GPUs at once")
+            with server.client(admin.create_tenant(f"team-{name}").token) as client:
+                study = optuna.create_study(
+                    sampler=optuna.samplers.RandomSampler(seed=len(name)),
+                    pruner=optuna.pruners.HyperbandPruner(min_resource=2, max_resource=8, reduction_factor=2),
+                )
+                result = run_study(
                     study,
-                    Objective(8),
+                    Objective(8, on_step=on_step),
                     client=client,
                     app_name=name,
                     n_trials=6,
@@ -180,14 +196,21 @@ def test_two_tenants_studies_share_the_cluster_and_both_finish(server: Server, a
                     seconds_per_iteration=STEP_SECONDS,
                     min_time_left=0.5,
                     acquire_timeout=60,
-                ),
-            )
+                )
+                outcomes[name] = (study, result)
+        except BaseException as error:
+            failures[name] = error
 
-    threads = [threading.Thread(target=search, args=(name,)) for name in ("vision", "speech")]
+    threads = [
+        threading.Thread(target=search, args=("vision", note_running)),
+        threading.Thread(target=search, args=("speech",)),
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(300)
+        assert not thread.is_alive(), "a study did not finish in 300 s"
+    assert not failures, failures
     assert set(outcomes) == {"vision", "speech"}
     for study, result in outcomes.values():
         assert all(trial.state.is_finished() for trial in study.trials) and len(study.trials) == 6
@@ -198,7 +221,13 @@ def test_two_tenants_studies_share_the_cluster_and_both_finish(server: Server, a
             f"WHERE a.id = {result.app.id} AND r.opened_at >= a.arrived_at "
             f"AND r.id <= (SELECT min(round_id) FROM leases WHERE app_id = a.id)"
         )
-        assert 1 <= waited[0]["rounds"] <= 3, waited
+        assert 1 <= waited[0]["rounds"] <= 3, (result.app.name, waited)
+    # The speech study registered while the vision study held every GPU.
+    vision, speech = outcomes["vision"][1].app, outcomes["speech"][1].app
+    assert server.query(
+        f"SELECT count(*) AS held FROM leases l, apps a WHERE a.id = {speech.id} AND l.app_id = {vision.id} "
+        f"AND l.start_at <= a.arrived_at AND coalesce(l.ended_at, l.end_at) > a.arrived_at"
+    ) != [{"held": 0}]
 
 
 def test_the_pruner_decides_the_apps_shape() -> None:
