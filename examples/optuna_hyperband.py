@@ -8,8 +8,8 @@ of one of the app's leases (printed with its CUDA UUID), checkpoints after every
 when its lease ends or is revoked, stops and later resumes from its checkpoint.
 
     ./scripts/run                                          # another terminal: the demo arbiter
-    pip install "./clients/python[optuna]" scikit-learn
-    AGORA_TOKEN=<a tenant token from its log> python examples/optuna_hyperband.py
+    pip install "./clients/python[examples]"
+    AGORA_TOKEN=<a demo tenant's token from its log> python examples/optuna_hyperband.py
 
 Sign in to the dashboard (http://127.0.0.1:8080) with the same token to watch the search's rho
 move as its trials progress. `--pace` stretches each epoch to look like a bigger model.
