@@ -57,7 +57,7 @@ impl App {
                 .ok_or_else(|| ProgressError::UnknownJob(report.job.clone()))?;
             slowdowns.extend(apply_to_job(job, report)?);
         }
-        updated.advance_finished_phase();
+        updated.advance_finished_phases();
         *self = updated;
         Ok(slowdowns)
     }
@@ -75,20 +75,25 @@ impl App {
     }
 
     /// A successive-halving phase ends when none of its jobs is still running: the framework
-    /// has stopped the losers, and the survivors go on to the next phase.
-    fn advance_finished_phase(&mut self) {
-        let phase_done = self.running_jobs().is_empty();
-        if let AppKind::SuccessiveHalving(search) = &mut self.kind {
-            if phase_done && search.current_phase + 1 < search.phase_iterations.len() {
-                let survivors: Vec<String> = search
-                    .jobs
-                    .iter()
-                    .filter(|job| !job.stopped)
-                    .map(|job| job.id.clone())
-                    .collect();
-                let survivors: Vec<&str> = survivors.iter().map(String::as_str).collect();
-                search.advance_phase(&survivors);
+    /// has stopped the losers, and the survivors go on to the next phase. Asynchronous
+    /// frameworks (ASHA, Optuna's pruners) let survivors run past later phases' ends before the
+    /// last loser stops, so one report may end several phases.
+    fn advance_finished_phases(&mut self) {
+        while self.running_jobs().is_empty() {
+            let AppKind::SuccessiveHalving(search) = &mut self.kind else {
+                return;
+            };
+            if search.current_phase + 1 >= search.phase_iterations.len() {
+                return;
             }
+            let survivors: Vec<String> = search
+                .jobs
+                .iter()
+                .filter(|job| !job.stopped)
+                .map(|job| job.id.clone())
+                .collect();
+            let survivors: Vec<&str> = survivors.iter().map(String::as_str).collect();
+            search.advance_phase(&survivors);
         }
     }
 }
@@ -242,5 +247,34 @@ mod tests {
         };
         assert_eq!(search.current_phase, 1);
         assert_eq!(app.current_demand(), 2, "only a runs in phase 1");
+    }
+
+    #[test]
+    fn a_report_ends_every_phase_the_survivors_already_ran_past() {
+        // Asynchronous successive halving: a runs past the ends of phases 0 and 1 (at 1 and 3)
+        // before b is stopped at the first. Phase 2 (to 9) is where a still runs.
+        let mut app = App {
+            id: AppId::from("asha"),
+            kind: AppKind::SuccessiveHalving(SuccessiveHalving {
+                budget_gpu_seconds: 1_000.0,
+                phase_iterations: vec![1, 2, 6],
+                jobs_per_phase: vec![2, 1, 1],
+                max_gpus_per_phase: Vec::new(),
+                current_phase: 0,
+                jobs: vec![job("a", 9), job("b", 9)],
+            }),
+        };
+        app.apply_progress(&[report("a", 5)]).expect("valid");
+        let stop_b = JobProgress {
+            stopped: true,
+            ..report("b", 1)
+        };
+        app.apply_progress(&[stop_b]).expect("valid");
+        let AppKind::SuccessiveHalving(search) = &app.kind else {
+            unreachable!()
+        };
+        assert_eq!(search.current_phase, 2);
+        assert_eq!(app.current_demand(), 2, "a still runs, to iteration 9");
+        assert!(!app.is_finished());
     }
 }
