@@ -475,6 +475,20 @@ impl App {
                         .to_owned(),
                 );
             }
+            // Each phase keeps the best jobs of the one before: a phase never runs more jobs.
+            if let Some(phase) = search
+                .jobs_per_phase
+                .windows(2)
+                .position(|pair| pair[1] > pair[0])
+            {
+                return Err(format!(
+                    "jobs_per_phase must not grow from one phase to the next (successive halving \
+                     only stops jobs), but phase {} runs {} jobs after {}",
+                    phase + 1,
+                    search.jobs_per_phase[phase + 1],
+                    search.jobs_per_phase[phase]
+                ));
+            }
             if !(search.budget_gpu_seconds.is_finite() && search.budget_gpu_seconds > 0.0) {
                 return Err("budget_gpu_seconds must be positive".to_owned());
             }
@@ -544,6 +558,18 @@ mod tests {
                 jobs: vec![job("a", completed, 2), job("b", completed, 3)],
             }),
         }
+    }
+
+    #[test]
+    fn a_search_whose_phases_grow_is_refused() {
+        let mut app = halving(0, 0);
+        assert_eq!(app.validate(), Ok(()));
+        if let AppKind::SuccessiveHalving(search) = &mut app.kind {
+            search.phase_iterations = vec![10, 20, 30];
+            search.jobs_per_phase = vec![4, 8, 1];
+        }
+        let refusal = app.validate().expect_err("growing phases");
+        assert!(refusal.contains("jobs_per_phase"), "{refusal}");
     }
 
     #[test]

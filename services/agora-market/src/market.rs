@@ -224,6 +224,17 @@ pub struct RoundOutcome {
     pub leftover_grants: BTreeMap<AppId, Vec<GpuId>>,
     /// Every allocation of the round, as leases.
     pub leases: Vec<Lease>,
+    /// Apps of the standings that left the market before the round was decided (their bids
+    /// withdrawn, their share handed to the others).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub departed: BTreeSet<AppId>,
+}
+
+/// An app's rho now and with a hypothetical allocation ([`Market::rho_projection`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RhoProjection {
+    pub current: RhoOld,
+    pub projected: RhoOld,
 }
 
 /// A round decided by [`Market::decide_round`], waiting for [`Market::apply_round`].
@@ -254,6 +265,7 @@ impl RoundOutcome {
             claims: self.claims.clone(),
             bids: auction.bids.clone(),
             leftover_policy: self.leftover_policy,
+            departed: self.departed.clone(),
         })
     }
 }
@@ -763,6 +775,32 @@ impl Market {
         ranked.into_iter().map(|(.., standing)| standing).collect()
     }
 
+    /// `app`'s rho at `now` as the arbiter computes it: `current`, standing on what it holds
+    /// and claims (its rho in [`Self::standings`]), and `projected`, holding exactly `gpus`
+    /// (`None` when that is no GPU: a starving app's rho is unbounded). For a framework that
+    /// wants rho without reimplementing it (the service's `POST /v1/apps/{app}/rho`).
+    pub fn rho_projection(
+        &self,
+        app: &AppId,
+        gpus: &[GpuIndex],
+        now: Timestamp,
+    ) -> Result<RhoProjection, MarketError> {
+        let participant = self
+            .participants
+            .get(app)
+            .ok_or_else(|| MarketError::UnknownApp(app.clone()))?;
+        if let Some(&outside) = gpus.iter().find(|gpu| gpu.get() >= self.cluster.len()) {
+            return Err(MarketError::GpuOutsideCluster(outside));
+        }
+        let (_, standing) = self.standing_of(participant, now);
+        let context = self.fairness_context(participant, now);
+        let on: Vec<GpuLocation> = gpus.iter().map(|&gpu| self.cluster.location(gpu)).collect();
+        Ok(RhoProjection {
+            current: standing.rho,
+            projected: rho(&participant.app, &on, &context),
+        })
+    }
+
     /// The value `app` is ranked by in [`Self::standings`] at `now` (the higher, the worse
     /// off): its standing's rho, or [`Self::passed_over_rho`] when it is starving.
     pub fn worst_off_by(&self, app: &AppId, now: Timestamp) -> Option<f64> {
@@ -882,19 +920,50 @@ impl Market {
         bids: Vec<AppBid>,
         seed: u64,
     ) -> Result<DecidedRound, MarketError> {
-        self.offered_indices(&round.offer.offer)?;
-        let claims = self.offered_claims(&round.offer.offer);
-        let inputs = RoundInputs {
+        self.decide_inputs(RoundInputs {
             now: round.now,
             seed,
             offer: round.offer.offer,
             bidders: round.bidders,
-            holds: self.holds(),
-            claims,
+            holds: BTreeMap::new(),
+            claims: BTreeMap::new(),
             standings: round.standings,
             bids,
             leftover_policy: self.config.leftover_policy,
-        };
+            departed: BTreeSet::new(),
+        })
+    }
+
+    /// Whether an app the decision gives GPUs to has left the market since it was decided:
+    /// then [`Self::redecide`] decides the round again without it, rather than abandoning
+    /// the round for everyone.
+    pub fn outdated_by_departure(&self, decided: &DecidedRound) -> bool {
+        decided
+            .decision
+            .grants
+            .iter()
+            .any(|(app, gpus)| !gpus.is_empty() && !self.participants.contains_key(app))
+    }
+
+    /// Decides a round again on the market as it is now, with the same offer, standings,
+    /// bids and seed: apps that left since are withdrawn ([`RoundInputs::departed`]).
+    pub fn redecide(&self, decided: DecidedRound) -> Result<DecidedRound, MarketError> {
+        self.decide_inputs(decided.inputs)
+    }
+
+    /// The decision on `inputs`' offer, standings, bids and seed, with the holdings, claims
+    /// and departures of the market now.
+    fn decide_inputs(&self, mut inputs: RoundInputs) -> Result<DecidedRound, MarketError> {
+        self.offered_indices(&inputs.offer)?;
+        inputs.claims = self.offered_claims(&inputs.offer);
+        inputs.holds = self.holds();
+        inputs.departed = inputs
+            .standings
+            .iter()
+            .map(|standing| &standing.app)
+            .filter(|app| !self.participants.contains_key(*app))
+            .cloned()
+            .collect();
         let decision = match inputs.leftover_policy {
             LeftoverPolicy::WorstFirst | LeftoverPolicy::RandomToNonBidders => {
                 decide_round(&inputs)?
@@ -937,6 +1006,7 @@ impl Market {
             }),
             leftover_grants: decision.leftover_grants,
             leases,
+            departed: inputs.departed,
         })
     }
 
@@ -1014,6 +1084,7 @@ impl Market {
                     auction: None,
                     leftover_grants: BTreeMap::new(),
                     leases,
+                    departed: BTreeSet::new(),
                 }),
         )
     }

@@ -2,7 +2,7 @@
 //! can be stored: the live service records every round's [`RoundInputs`], and an auditor
 //! recomputes ("replays") the decision with [`decide_round`].
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -37,6 +37,12 @@ pub struct RoundInputs {
     pub claims: BTreeMap<AppId, Vec<GpuId>>,
     pub bids: Vec<AppBid>,
     pub leftover_policy: LeftoverPolicy,
+    /// Apps of the standings that left the market (finished or withdrawn) before the round
+    /// was decided: their bids are withdrawn and they receive nothing, so what they would
+    /// have won goes to the others (as leftovers when no bidder wins it). One app leaving
+    /// never stops a round for everyone else.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub departed: BTreeSet<AppId>,
 }
 
 /// What a round decided, before any lease is granted.
@@ -79,9 +85,15 @@ pub(crate) fn decide_with(
     {
         return Err(MarketError::NotABidder(bid.app.clone()));
     }
+    let present = |app: &AppId| !inputs.departed.contains(app);
     // Identical bids from apps that differ are told apart by the standings (worst off first,
     // then what the apps are), not by their ids.
-    let mut bids = inputs.bids.clone();
+    let mut bids: Vec<AppBid> = inputs
+        .bids
+        .iter()
+        .filter(|bid| present(&bid.app))
+        .cloned()
+        .collect();
     bids.sort_by_key(|bid| inputs.bidders.iter().position(|app| *app == bid.app));
     let auction = run_auction(&inputs.offer, &bids, inputs.seed)?;
     let mut leftover = offered_subset(&inputs.offer, &auction.unallocated);
@@ -91,10 +103,12 @@ pub(crate) fn decide_with(
         .filter(|(_, gpus)| !gpus.is_empty())
         .map(|(app, gpus)| (app.clone(), gpus.clone()))
         .collect();
-    let non_bidders = recipients(inputs, &grants, |app| !inputs.bidders.contains(app));
+    let non_bidders = recipients(inputs, &grants, |app| {
+        present(app) && !inputs.bidders.contains(app)
+    });
     let mut leftover_grants = hand_out_by_policy(&mut leftover, non_bidders)?;
     merge(&mut grants, leftover_grants.clone());
-    let sweep = hand_out_in_order(&mut leftover, &recipients(inputs, &grants, |_| true));
+    let sweep = hand_out_in_order(&mut leftover, &recipients(inputs, &grants, present));
     merge(&mut leftover_grants, sweep.clone());
     merge(&mut grants, sweep);
     Ok(RoundDecision {
@@ -203,7 +217,36 @@ mod tests {
             claims: BTreeMap::new(),
             bids: vec![bid("a", 1.0), bid("b", 1.5)],
             leftover_policy: LeftoverPolicy::RandomToNonBidders,
+            departed: BTreeSet::new(),
         }
+    }
+
+    #[test]
+    fn a_departed_bidder_is_withdrawn_and_its_share_goes_to_the_others() {
+        let mut inputs = contest();
+        let decision = decide_round(&inputs).expect("valid inputs");
+        assert!(decision.grants.contains_key(&AppId::from("a")));
+        inputs.departed.insert(AppId::from("a"));
+        let decision = decide_round(&inputs).expect("a departed app does not stop the round");
+        assert_eq!(
+            decision.grants,
+            Grants::from([(AppId::from("b"), vec![GpuId::from("g0")])]),
+            "the departed app gets nothing, the one left gets what it would have won"
+        );
+        assert!(!decision.auction.pf.contains_key(&AppId::from("a")));
+    }
+
+    #[test]
+    fn a_departed_app_gets_no_leftovers() {
+        let mut inputs = contest();
+        inputs.bids.clear();
+        inputs.bidders.clear();
+        inputs.departed.insert(AppId::from("a"));
+        let decision = decide_round(&inputs).expect("valid inputs");
+        assert_eq!(
+            decision.grants,
+            Grants::from([(AppId::from("b"), vec![GpuId::from("g0")])])
+        );
     }
 
     #[test]

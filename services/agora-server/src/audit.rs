@@ -98,6 +98,7 @@ fn inputs_of(stored: &StoredRound) -> anyhow::Result<RoundInputs> {
             .map(app_bid)
             .collect::<anyhow::Result<_>>()?,
         leftover_policy,
+        departed: stored.departed.iter().map(|&app| app_id(app)).collect(),
     })
 }
 

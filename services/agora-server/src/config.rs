@@ -15,6 +15,10 @@ pub struct ServerConfig {
     pub database_url: String,
     /// Token that may create tenants and see everything. Without one, admin endpoints answer 403.
     pub admin_token: Option<String>,
+    /// A file holding the admin token (its first line; a secret mounted by Docker or
+    /// Kubernetes, say): a stable credential kept out of the config and the environment.
+    /// Read at start; not with `admin_token`.
+    pub admin_token_file: Option<PathBuf>,
     /// Where the GPUs come from: `simulated` (the default: the `fleet` file, mirrored
     /// in-process) or `workers` (GPU hosts running `agora worker` register over HTTP; the
     /// cluster starts empty and grows as they do; `fleet` is not read).
@@ -36,6 +40,9 @@ pub struct ServerConfig {
     pub revocation_grace_seconds: u64,
     /// How often the lease manager reads the clock for due timers.
     pub tick_ms: u64,
+    /// The longest a statement of an auditor (a member of `agora_auditor`) may run: the
+    /// arbiter cancels it after that, whatever `statement_timeout` the auditor set.
+    pub auditor_statement_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -44,6 +51,7 @@ impl Default for ServerConfig {
             listen: "127.0.0.1:8080".to_owned(),
             database_url: "postgres://postgres@127.0.0.1:5432/agora".to_owned(),
             admin_token: None,
+            admin_token_file: None,
             gpus: GpuSource::Simulated,
             fleet: PathBuf::from("services/agora-sim/clusters/themis-testbed.toml"),
             worker_token: None,
@@ -53,6 +61,7 @@ impl Default for ServerConfig {
             round_deadline_ms: 2_000,
             revocation_grace_seconds: 30,
             tick_ms: 100,
+            auditor_statement_timeout_ms: 30_000,
         }
     }
 }
@@ -98,8 +107,27 @@ impl ServerConfig {
             None => Self::default(),
         };
         config.apply_environment(env)?;
+        config.read_admin_token_file()?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// The admin token from `admin_token_file`, if set.
+    fn read_admin_token_file(&mut self) -> Result<(), ConfigError> {
+        let Some(path) = &self.admin_token_file else {
+            return Ok(());
+        };
+        if self.admin_token.is_some() {
+            return Err(ConfigError::Invalid(
+                "set the admin token once: admin_token (AGORA_ADMIN_TOKEN) or admin_token_file (AGORA_ADMIN_TOKEN_FILE), not both".to_owned(),
+            ));
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        self.admin_token = Some(text.lines().next().unwrap_or("").trim().to_owned());
+        Ok(())
     }
 
     fn parse_file(path: &Path) -> Result<Self, ConfigError> {
@@ -127,6 +155,9 @@ impl ServerConfig {
         }
         if let Some(value) = env("AGORA_ADMIN_TOKEN") {
             self.admin_token = Some(value);
+        }
+        if let Some(value) = env("AGORA_ADMIN_TOKEN_FILE") {
+            self.admin_token_file = Some(PathBuf::from(value));
         }
         if let Some(value) = env("AGORA_FLEET") {
             self.fleet = PathBuf::from(value);
@@ -168,6 +199,10 @@ impl ServerConfig {
             ("lease_seconds", self.lease_seconds),
             ("round_deadline_ms", self.round_deadline_ms),
             ("tick_ms", self.tick_ms),
+            (
+                "auditor_statement_timeout_ms",
+                self.auditor_statement_timeout_ms,
+            ),
             ("heartbeat_interval_ms", self.heartbeat_interval_ms),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
@@ -218,6 +253,10 @@ impl ServerConfig {
         Duration::from_secs(self.revocation_grace_seconds)
     }
 
+    pub fn auditor_statement_timeout(&self) -> Duration {
+        Duration::from_millis(self.auditor_statement_timeout_ms)
+    }
+
     pub fn tick(&self) -> Duration {
         Duration::from_millis(self.tick_ms)
     }
@@ -265,6 +304,29 @@ mod tests {
         std::fs::write(&file, "lease = 3\n").expect("write");
         let error = ServerConfig::load(Some(&file), no_env).expect_err("unknown key");
         assert!(error.to_string().contains("lease"), "{error}");
+    }
+
+    #[test]
+    fn the_admin_token_can_come_from_a_file_and_only_from_one_place() {
+        let dir = std::env::temp_dir().join(format!("agora-admin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("admin-token");
+        std::fs::write(&file, "s3cret-admin\n").expect("write");
+        let path = file.to_string_lossy().into_owned();
+        let from_file = |name: &str| (name == "AGORA_ADMIN_TOKEN_FILE").then(|| path.clone());
+        let config = ServerConfig::load(None, from_file).expect("valid");
+        assert_eq!(config.admin_token.as_deref(), Some("s3cret-admin"));
+        let both = |name: &str| match name {
+            "AGORA_ADMIN_TOKEN_FILE" => Some(path.clone()),
+            "AGORA_ADMIN_TOKEN" => Some("other".to_owned()),
+            _ => None,
+        };
+        let error = ServerConfig::load(None, both).expect_err("two admin tokens");
+        assert!(error.to_string().contains("admin_token_file"), "{error}");
+        std::fs::write(&file, "\n").expect("write");
+        let error = ServerConfig::load(None, from_file).expect_err("an empty token");
+        assert!(error.to_string().contains("admin_token"), "{error}");
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 
     #[test]

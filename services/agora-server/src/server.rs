@@ -42,6 +42,8 @@ pub struct Running {
     failure: oneshot::Receiver<String>,
     /// Listens to token changes for the API's token memory.
     token_changes: JoinHandle<()>,
+    /// Cancels auditors' statements that run too long.
+    auditor_watch: JoinHandle<()>,
 }
 
 impl Running {
@@ -50,6 +52,7 @@ impl Running {
     pub async fn stop(&self) {
         self.http.stop(true).await;
         self.token_changes.abort();
+        self.auditor_watch.abort();
         // Returns once the arbiter has stopped and its decisions are written; an arbiter that
         // already stopped on its own has nothing left to write.
         let _ = self.arbiter.send(crate::actors::Shutdown).await;
@@ -104,6 +107,10 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
         tokens: Arc::default(),
     };
     let token_changes = actix_web::rt::spawn(state.tokens.clone().follow_changes(store.clone()));
+    let auditor_watch = actix_web::rt::spawn(watch_auditors(
+        store.clone(),
+        config.auditor_statement_timeout(),
+    ));
     let http = HttpServer::new(move || {
         HttpApp::new()
             .app_data(web::Data::new(state.clone()))
@@ -134,7 +141,28 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
         store,
         failure,
         token_changes,
+        auditor_watch,
     })
+}
+
+/// Enforces the auditors' statement timeout: a few times per `limit`, cancels their
+/// statements that have run longer. Real time, as Postgres measures statements.
+async fn watch_auditors(store: Store, limit: std::time::Duration) {
+    let period = (limit / 4).clamp(
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_secs(5),
+    );
+    let mut ticks = tokio::time::interval(period);
+    loop {
+        ticks.tick().await;
+        match store.cancel_overlong_auditor_statements(limit).await {
+            Ok(0) => {}
+            Ok(cancelled) => {
+                tracing::warn!(cancelled, "auditor statements over their time cancelled")
+            }
+            Err(error) => tracing::warn!(%error, "cannot check the auditors' statements"),
+        }
+    }
 }
 
 /// The engine's state as the database recorded it: GPU hosts, active apps, active leases,

@@ -36,3 +36,96 @@ fn every_endpoint_has_a_section_with_an_example_in_the_api_guide() {
         "docs/api.md lacks a `### METHOD /path` section with an example for: {undocumented:#?}"
     );
 }
+
+/// The table of error codes in docs/api.md is exactly `ErrorCode`: every code under every
+/// status it is answered with, and nothing else.
+#[test]
+fn the_api_guides_table_of_error_codes_is_the_error_code_enum() {
+    use std::collections::BTreeSet;
+
+    use agora_server::api::problem::ErrorCode;
+
+    let guide = include_str!("../../../docs/api.md");
+    let table = guide
+        .split("| Status | Codes |")
+        .nth(1)
+        .expect("docs/api.md has the table of error codes");
+    let mut documented = BTreeSet::new();
+    for row in table
+        .lines()
+        .skip(2)
+        .map(str::trim)
+        .take_while(|line| line.starts_with('|'))
+    {
+        let cells: Vec<&str> = row.split('|').collect();
+        let status: u16 = cells[1].trim().parse().expect("a status");
+        for code in cells[2].split('`').skip(1).step_by(2) {
+            documented.insert((status, code.to_owned()));
+        }
+    }
+    let declared: BTreeSet<(u16, String)> = ErrorCode::ALL
+        .iter()
+        .flat_map(|code| {
+            code.statuses()
+                .iter()
+                .map(move |&status| (status, code.as_str().to_owned()))
+        })
+        .collect();
+    assert_eq!(
+        documented, declared,
+        "docs/api.md's table of error codes differs from ErrorCode"
+    );
+    let schema = serde_json::to_value(ApiDoc::openapi()).expect("the document serialises");
+    let codes = &schema["components"]["schemas"]["ErrorCode"]["enum"];
+    let listed: BTreeSet<&str> = codes
+        .as_array()
+        .expect("the OpenAPI document lists the error codes")
+        .iter()
+        .filter_map(|code| code.as_str())
+        .collect();
+    let all: BTreeSet<&str> = ErrorCode::ALL.iter().map(|code| code.as_str()).collect();
+    assert_eq!(listed, all);
+}
+
+/// The OpenAPI document's answers: every operation documents the problems any request can get,
+/// every error answer is `application/problem+json` with the `Problem` schema (whose `code` is
+/// the list of codes), and the event streams are `text/event-stream`.
+#[test]
+fn every_error_answer_is_a_documented_problem_and_streams_are_event_streams() {
+    let document = serde_json::to_value(ApiDoc::openapi()).expect("the document serialises");
+    let paths = document["paths"].as_object().expect("paths");
+    let mut wrong = Vec::new();
+    for (path, item) in paths {
+        for (method, operation) in item.as_object().expect("an item") {
+            let responses = operation["responses"].as_object().expect("responses");
+            for required in ["401", "503"] {
+                if !responses.contains_key(required) {
+                    wrong.push(format!("{method} {path}: no {required}"));
+                }
+            }
+            for (status, response) in responses {
+                let content = response["content"].as_object();
+                if status.starts_with('4') || status.starts_with('5') {
+                    let problem = &response["content"]["application/problem+json"]["schema"];
+                    if problem["$ref"] != "#/components/schemas/Problem"
+                        || content.is_some_and(|content| content.len() != 1)
+                    {
+                        wrong.push(format!(
+                            "{method} {path} {status}: not a problem: {response}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    for stream in ["/v1/apps/{app}/events", "/v1/rounds/events"] {
+        let content = &paths[stream]["get"]["responses"]["200"]["content"];
+        assert!(
+            content.get("text/event-stream").is_some(),
+            "{stream}: {content}"
+        );
+    }
+    let code = &document["components"]["schemas"]["Problem"]["properties"]["code"];
+    assert_eq!(code["$ref"], "#/components/schemas/ErrorCode", "{code}");
+}

@@ -129,8 +129,9 @@ async fn the_documented_queries_run_as_the_auditor_and_the_role_is_read_only() {
 }
 
 /// A login role with the auditor's rights only, and its connection URL.
-async fn auditor_login(database: &str) -> (String, String) {
-    let role = format!("agora_audit_test_{}", std::process::id());
+/// Roles are global to the Postgres server: each test names its own.
+async fn auditor_login(database: &str, test: &str) -> (String, String) {
+    let role = format!("agora_audit_{test}_{}", std::process::id());
     let mut admin = PgConnection::connect(database).await.expect("connect");
     sqlx::query(&format!("DROP ROLE IF EXISTS {role}"))
         .execute(&mut admin)
@@ -152,7 +153,7 @@ async fn auditor_login(database: &str) -> (String, String) {
 async fn every_round_of_a_demo_run_replays_exactly_with_only_the_auditors_rights() {
     let database = fresh_database().await;
     let mut settings = config(&database);
-    agora_server::demo::adjust(&mut settings);
+    agora_server::demo::adjust(&mut settings).expect("demo settings");
     let service = serve(&settings, start_clock()).await;
     agora_server::demo::start(&service.running, &settings)
         .await
@@ -176,7 +177,7 @@ async fn every_round_of_a_demo_run_replays_exactly_with_only_the_auditors_rights
         rounds.len()
     );
 
-    let (role, auditor_url) = auditor_login(&database).await;
+    let (role, auditor_url) = auditor_login(&database, "replay").await;
     let auditor = Store::connect_without_migrating(&auditor_url)
         .await
         .expect("the auditor connects");
@@ -189,6 +190,65 @@ async fn every_round_of_a_demo_run_replays_exactly_with_only_the_auditors_rights
     let mut admin = PgConnection::connect(&database).await.expect("connect");
     sqlx::query(&format!("DROP ROLE {role}"))
         .execute(&mut admin)
+        .await
+        .expect("drop role");
+}
+
+/// D9: an auditor reads history and nothing else. It cannot create temporary tables, cannot
+/// notify the arbiter's token channel, and cannot lift its statement timeout: setting its own
+/// `statement_timeout` to 0 does not keep a statement alive past the arbiter's limit.
+#[actix_web::test]
+async fn the_auditor_cannot_create_temp_tables_notify_or_outrun_its_statement_timeout() {
+    let database = fresh_database().await;
+    let settings = agora_server::config::ServerConfig {
+        auditor_statement_timeout_ms: 300,
+        ..config(&database)
+    };
+    let service = serve(&settings, start_clock()).await;
+    let mut connection = PgConnection::connect(&database).await.expect("connect");
+    for forbidden in [
+        "CREATE TEMP TABLE scratch (x int)",
+        "CREATE TEMPORARY TABLE scratch AS SELECT 1",
+        "SELECT pg_notify('agora_token_changes', '')",
+    ] {
+        let error = as_auditor(&mut connection, forbidden)
+            .await
+            .expect_err(forbidden);
+        assert_eq!(
+            sqlstate(&error).as_deref(),
+            Some("42501"),
+            "{forbidden}: {error}"
+        );
+    }
+
+    let (role, auditor_url) = auditor_login(&database, "limits").await;
+    let mut auditor = PgConnection::connect(&auditor_url)
+        .await
+        .expect("the auditor connects");
+    sqlx::query("SET statement_timeout = 0")
+        .execute(&mut auditor)
+        .await
+        .expect("Postgres lets any role set its timeout");
+    let started = std::time::Instant::now();
+    let error = sqlx::query("SELECT pg_sleep(60)")
+        .execute(&mut auditor)
+        .await
+        .expect_err("cancelled by the arbiter");
+    assert_eq!(sqlstate(&error).as_deref(), Some("57014"), "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "cancelled after {:?}",
+        started.elapsed()
+    );
+    let rows = sqlx::query("SELECT count(*) FROM round_summary")
+        .fetch_all(&mut auditor)
+        .await
+        .expect("a short read still works");
+    assert_eq!(rows.len(), 1);
+    auditor.close().await.expect("close");
+    service.running.stop().await;
+    sqlx::query(&format!("DROP ROLE {role}"))
+        .execute(&mut connection)
         .await
         .expect("drop role");
 }

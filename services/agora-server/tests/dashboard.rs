@@ -168,8 +168,8 @@ async fn an_apps_rho_history_and_rounds_are_shown_to_its_tenant_only() {
         let (status, body) = service.call("GET", &path, &market.speech, None).await;
         assert_eq!(
             (status, body["code"].as_str()),
-            (403, Some("foreign_app")),
-            "{path}"
+            (404, Some("not_found")),
+            "another tenant's app is answered as a missing one: {path}"
         );
     }
     let (status, body) = service

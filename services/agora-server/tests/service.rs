@@ -57,6 +57,22 @@ async fn full_flow_register_offer_bid_lease_expiry_reauction_finish_and_audit() 
         "a retry is answered from the first bid: {retry}"
     );
     assert_eq!(retry["bid_id"], first["bid_id"]);
+    // D2: the key reused for a different bid is refused, whatever the first answer was.
+    let (status, reused) = service
+        .call_with(
+            "POST",
+            &path,
+            &vision,
+            Some(bid_for(tuner, &offer, 1)),
+            &key,
+        )
+        .await;
+    assert_eq!(
+        (status, reused["code"].as_str()),
+        (422, Some("idempotency_key_reused")),
+        "{reused}"
+    );
+    assert_eq!(reused["type"], "/problems/idempotency_key_reused");
 
     let leases = service
         .wait_for_leases(&vision, tuner, |leases| active(leases).len() == 1)
@@ -186,7 +202,11 @@ async fn racing_bids_store_one_and_a_key_identifies_a_bid_within_its_round() {
             .fetch_all(service.running.store.pool())
             .await
             .expect("bids");
-    let winner = if one.0 == 201 { "sweep" } else { "other" };
+    let (winner, winning_bid) = if one.0 == 201 {
+        ("sweep", bid_for(tuner, &offer, 2))
+    } else {
+        ("other", bid_for(tuner, &offer, 1))
+    };
     assert_eq!(stored, vec![(first_round, Some(winner.to_owned()))]);
 
     // Once the lease ends, the next round's bid may use the same key: it is a new bid.
@@ -216,7 +236,7 @@ async fn racing_bids_store_one_and_a_key_identifies_a_bid_within_its_round() {
             "POST",
             &path,
             &vision,
-            Some(bid_for(tuner, &offer, 1)),
+            Some(winning_bid),
             &[("idempotency-key", winner)],
         )
         .await;
@@ -225,6 +245,21 @@ async fn racing_bids_store_one_and_a_key_identifies_a_bid_within_its_round() {
         "a retry for the closed first round is a replay: {retry}"
     );
     assert_ne!(retry["bid_id"], second["bid_id"]);
+    // The first round's key with the second round's bid is not a retry (D2).
+    let (status, reused) = service
+        .call_with(
+            "POST",
+            &path,
+            &vision,
+            Some(bid_for(tuner, &offer, 1)),
+            &[("idempotency-key", winner)],
+        )
+        .await;
+    assert_eq!(
+        (status, reused["code"].as_str()),
+        (422, Some("idempotency_key_reused")),
+        "{reused}"
+    );
 }
 
 #[actix_web::test]
@@ -317,7 +352,7 @@ async fn bad_input_is_refused_and_nothing_is_stored_and_tenants_are_isolated() {
             422,
             "bid_table_too_large",
         ),
-        (json!({ "app": tuner, "bids": [] }), 400, "malformed_json"),
+        (json!({ "app": tuner, "bids": [] }), 422, "invalid_body"),
         (
             json!({ "app": 999_999, "rho_old": null, "bids": [] }),
             404,
@@ -347,22 +382,44 @@ async fn bad_input_is_refused_and_nothing_is_stored_and_tenants_are_isolated() {
         (404, Some("unknown_round"))
     );
 
-    // Another tenant can neither bid for the app nor read it.
-    let (status, problem) = service
-        .call("POST", &path, &speech, Some(bid_for(tuner, &offer, 1)))
-        .await;
-    assert_eq!(
-        (status, problem["code"].as_str()),
-        (403, Some("foreign_app"))
-    );
-    let (status, _) = service
-        .call("GET", &format!("/v1/apps/{tuner}/leases"), &speech, None)
-        .await;
-    assert_eq!(status, 403);
-    let (status, _) = service
-        .call("POST", &format!("/v1/apps/{tuner}/finish"), &speech, None)
-        .await;
-    assert_eq!(status, 403);
+    // D7: another tenant can neither bid for the app nor read it, and cannot tell it from an
+    // app that does not exist: the answer is the same 404, word for word.
+    let missing = 999_999;
+    let probes = |app: i64| -> Vec<(&'static str, String, Option<Value>)> {
+        vec![
+            ("POST", path.clone(), Some(bid_for(app, &offer, 1))),
+            ("GET", format!("/v1/apps/{app}"), None),
+            ("GET", format!("/v1/apps/{app}/leases"), None),
+            ("GET", format!("/v1/apps/{app}/why"), None),
+            (
+                "GET",
+                format!("/v1/apps/{app}/events/poll?timeout_ms=1"),
+                None,
+            ),
+            ("GET", format!("/v1/apps/{app}/rho-history"), None),
+            ("POST", format!("/v1/apps/{app}/finish"), None),
+            (
+                "POST",
+                format!("/v1/apps/{app}/progress"),
+                Some(json!({ "jobs": [] })),
+            ),
+        ]
+    };
+    for ((method, path, body), (_, missing_path, missing_body)) in
+        probes(tuner).into_iter().zip(probes(missing))
+    {
+        let (status, foreign) = service.call(method, &path, &speech, body).await;
+        let (missing_status, absent) = service
+            .call(method, &missing_path, &speech, missing_body)
+            .await;
+        assert_eq!((status, missing_status), (404, 404), "{path}: {foreign}");
+        let mut anonymous = foreign.clone();
+        anonymous["detail"] = json!(foreign["detail"]
+            .as_str()
+            .expect("detail")
+            .replace(&format!("app {tuner} "), &format!("app {missing} ")));
+        assert_eq!(anonymous, absent, "{method} {path}");
+    }
     let (status, _) = service
         .call("POST", "/v1/tenants", &vision, Some(json!({ "name": "x" })))
         .await;
@@ -404,6 +461,13 @@ async fn bad_input_is_refused_and_nothing_is_stored_and_tenants_are_isolated() {
         .call("GET", &format!("/v1/rounds/{round}"), ADMIN, None)
         .await;
     assert_eq!(seen_by_admin["bids"][0]["app_id"], json!(tuner));
+
+    // D5: the admin lists every tenant's apps; a tenant only its own.
+    let (status, all) = service.call("GET", "/v1/apps", ADMIN, None).await;
+    assert_eq!(status, 200, "{all}");
+    assert_eq!(all[0]["id"], json!(tuner), "{all}");
+    let (status, own) = service.call("GET", "/v1/apps", &speech, None).await;
+    assert_eq!((status, own), (200, json!([])));
     service.running.stop().await;
 }
 
@@ -606,6 +670,63 @@ async fn a_renewed_lease_keeps_its_gpus() {
     let renewal = active(&renewed)[0];
     assert_ne!(renewal["id"], active(&first)[0]["id"], "a new lease");
     assert_eq!(gpus(renewal), held, "on the same GPUs");
+
+    // The app's rho as the arbiter computes it: now (its standing, as `why` shows it) and
+    // projected onto an allocation, with or without hypothetical progress; nothing changes.
+    let path = format!("/v1/apps/{app}/rho");
+    let project = |gpus: Vec<String>, progress: Value| {
+        let body = json!({ "gpus": gpus, "progress": progress });
+        let (service, vision, path) = (&service, &vision, &path);
+        async move { service.call("POST", path, vision, Some(body)).await }
+    };
+    let (status, on_held) = project(held.clone(), json!([])).await;
+    assert_eq!(status, 200, "{on_held}");
+    let (_, why) = service
+        .call("GET", &format!("/v1/apps/{app}/why"), &vision, None)
+        .await;
+    let now = on_held["rho"]
+        .as_f64()
+        .expect("it holds GPUs: a finite rho");
+    assert_eq!(
+        why["now"]["rho"].as_f64(),
+        Some(now),
+        "the arbiter's own standing"
+    );
+    assert_eq!(
+        on_held["projected_rho"].as_f64(),
+        Some(now),
+        "on what it holds"
+    );
+    let (_, on_none) = project(Vec::new(), json!([])).await;
+    assert_eq!(
+        on_none["projected_rho"],
+        Value::Null,
+        "holding nothing: unbounded"
+    );
+    let (_, on_one) = project(held[..1].to_vec(), json!([])).await;
+    assert!(
+        on_one["projected_rho"].as_f64().expect("finite") > now,
+        "{on_one}"
+    );
+    let progress = json!([{ "job": "j0", "completed_iterations": 50_000 },
+                          { "job": "j1", "completed_iterations": 50_000 }]);
+    let (_, ahead) = project(held.clone(), progress).await;
+    assert!(
+        ahead["projected_rho"].as_f64().expect("finite") < now,
+        "{ahead}"
+    );
+    let (_, again) = project(held.clone(), json!([])).await;
+    assert_eq!(again["rho"], on_held["rho"], "a projection changes nothing");
+    let (status, problem) = project(vec!["no-such-gpu".to_owned()], json!([])).await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (422, Some("invalid_allocation"))
+    );
+    let speech = service.tenant("speech").await;
+    let (status, _) = service
+        .call("POST", &path, &speech, Some(json!({ "gpus": [] })))
+        .await;
+    assert_eq!(status, 404, "another tenant's app is not found");
     service.running.stop().await;
 }
 
@@ -645,4 +766,411 @@ async fn after_a_failed_decision_the_writer_writes_nothing_later() {
         Vec::<String>::new(),
         "the later decision is not written"
     );
+}
+
+/// How one turn of [`turns_of_a_contested_market`] goes, from the tuner's side.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Turn {
+    /// The other tenant's app stands in the round and bids (its agent); the tuner bids for
+    /// two GPUs.
+    Contested,
+    /// As `Contested`, but the other tenant finishes its app while the round collects bids.
+    OtherFinishesMidRound,
+    /// The tuner bids an empty table (it wants nothing from the auction).
+    EmptyTable,
+    /// The tuner stays silent; its agent's fallback bid stands in at the deadline.
+    Silent,
+}
+
+/// A market of four GPUs with f = 0 (every app wanting GPUs bids): tenant `vision`'s tuner
+/// (explicit bids, wants all four) holds the GPUs; each turn tenant `speech` registers an app
+/// wanting four GPUs while they are leased, the tuner's lease ends (the clock moves on 61 s)
+/// and a round offers the GPUs to both. Returns the rounds, one per turn, after checking that
+/// each closed.
+async fn turns_of_a_contested_market(service: &support::Service, turns: &[Turn]) -> Vec<i64> {
+    let vision = service.tenant("vision").await;
+    let speech = service.tenant("speech").await;
+    let tuner = service
+        .register(&vision, "tuner", "explicit", 4, 1_000_000)
+        .await;
+    let first = service.wait_for(&vision, tuner, "offer").await;
+    let mut round = first["round"].as_i64().expect("round");
+    let (status, body) = service
+        .call(
+            "POST",
+            &format!("/v1/rounds/{round}/bids"),
+            &vision,
+            Some(bid_for(tuner, &first, 4)),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    service
+        .wait_for_leases(&vision, tuner, |leases| active(leases).len() == 1)
+        .await;
+    let mut rounds = Vec::new();
+    for (index, &turn) in turns.iter().enumerate() {
+        let other = service
+            .register(&speech, &format!("other-{index}"), "agent", 4, 1_000_000)
+            .await;
+        // The tuner's lease ends: one round offers the four GPUs to both apps.
+        service.clock.advance(Duration::from_secs(61));
+        let offer = next_offer(service, &vision, tuner, round).await;
+        round = offer["round"].as_i64().expect("round");
+        let other_offer = service.wait_for(&speech, other, "offer").await;
+        assert_eq!(
+            other_offer["round"],
+            json!(round),
+            "both apps bid in the round"
+        );
+        if turn == Turn::OtherFinishesMidRound {
+            // The other tenant's timer fires while the round collects bids.
+            let (status, body) = service
+                .call("POST", &format!("/v1/apps/{other}/finish"), &speech, None)
+                .await;
+            assert_eq!(status, 204, "{body}");
+        }
+        let bid = match turn {
+            Turn::Contested | Turn::OtherFinishesMidRound => Some(bid_for(tuner, &offer, 2)),
+            Turn::EmptyTable => Some(json!({ "app": tuner, "rho_old": offer["rho"], "bids": [] })),
+            Turn::Silent => None,
+        };
+        match bid {
+            Some(bid) => {
+                let path = format!("/v1/rounds/{round}/bids");
+                let (status, body) = service.call("POST", &path, &vision, Some(bid)).await;
+                assert_eq!(status, 201, "{body}");
+            }
+            None => service.clock.advance(Duration::from_secs(11)),
+        }
+        let detail = decided(service, round).await;
+        assert_eq!(detail["status"], "closed", "{detail}");
+        rounds.push(round);
+        if turn == Turn::OtherFinishesMidRound {
+            let leases = service
+                .wait_for_leases(&vision, tuner, |leases| active(leases).len() == 1)
+                .await;
+            let lease = active(&leases)[0];
+            assert_eq!(lease["round_id"], json!(round));
+            assert_eq!(
+                lease["gpus"].as_array().expect("gpus").len(),
+                4,
+                "the tuner won its two GPUs and got the departed app's share as leftovers"
+            );
+            continue;
+        }
+        // The other app leaves; a round offers what it held to the tuner, which takes it.
+        let (status, body) = service
+            .call("POST", &format!("/v1/apps/{other}/finish"), &speech, None)
+            .await;
+        assert_eq!(status, 204, "{body}");
+        let (_, cluster) = service.call("GET", "/v1/cluster", &vision, None).await;
+        let free = cluster["gpus"]
+            .as_array()
+            .expect("gpus")
+            .iter()
+            .filter(|gpu| gpu["lease_id"].is_null())
+            .count();
+        if free > 0 {
+            let offer = next_offer(service, &vision, tuner, round).await;
+            round = offer["round"].as_i64().expect("round");
+            let path = format!("/v1/rounds/{round}/bids");
+            let bid = bid_for(tuner, &offer, free);
+            let (status, body) = service.call("POST", &path, &vision, Some(bid)).await;
+            assert_eq!(status, 201, "{body}");
+            assert_eq!(decided(service, round).await["status"], "closed");
+        }
+        service
+            .wait_for_leases(&vision, tuner, |leases| {
+                active(leases)
+                    .iter()
+                    .map(|lease| lease["gpus"].as_array().map_or(0, Vec::len))
+                    .sum::<usize>()
+                    == 4
+            })
+            .await;
+    }
+    rounds
+}
+
+/// Round `round` once it is no longer open.
+async fn decided(service: &support::Service, round: i64) -> Value {
+    for _ in 0..400 {
+        let (status, detail) = service
+            .call("GET", &format!("/v1/rounds/{round}"), ADMIN, None)
+            .await;
+        assert_eq!(status, 200, "{detail}");
+        if detail["status"] != "open" {
+            return detail;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("round {round} was never decided");
+}
+
+/// D1: a tenant finishing its apps on a timer, each time while a round collects bids, never
+/// stops another tenant's rounds: each round goes on without the departed app (its bid
+/// withdrawn, its share handed out as leftovers) and the other tenant's bids keep winning.
+/// Time moves only by the manual clock.
+#[actix_web::test]
+async fn a_tenant_finishing_apps_mid_round_never_stops_another_tenants_rounds() {
+    let database = fresh_database().await;
+    let config = agora_server::config::ServerConfig {
+        fairness_knob: 0.0,
+        ..config(&database)
+    };
+    let service = serve(&config, start_clock()).await;
+    let turns = [Turn::OtherFinishesMidRound; 3];
+    let rounds = turns_of_a_contested_market(&service, &turns).await;
+    assert_eq!(rounds.len(), 3);
+    let abandoned: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM rounds WHERE status = 'abandoned'")
+            .fetch_one(service.running.store.pool())
+            .await
+            .expect("count");
+    assert_eq!(abandoned, 0, "no round was abandoned");
+    for round in rounds {
+        let replay = replay_round(&service.running.store, round)
+            .await
+            .expect("replay");
+        assert!(replay.matches, "round {round}: {:?}", replay.differences);
+    }
+    service.running.stop().await;
+}
+
+/// D3: every kind of round replays exactly, with zero false mismatches: an explicit bid that
+/// wins, a contest with another tenant's agent, an empty bid table, a silent explicit bidder
+/// (the agent's fallback), a bidder that left mid-round.
+#[actix_web::test]
+async fn a_history_with_every_kind_of_round_replays_without_a_mismatch() {
+    let database = fresh_database().await;
+    let config = agora_server::config::ServerConfig {
+        fairness_knob: 0.0,
+        ..config(&database)
+    };
+    let service = serve(&config, start_clock()).await;
+    let turns = [
+        Turn::Contested,
+        Turn::EmptyTable,
+        Turn::Silent,
+        Turn::OtherFinishesMidRound,
+    ];
+    turns_of_a_contested_market(&service, &turns).await;
+    let rounds = service
+        .running
+        .store
+        .closed_round_ids()
+        .await
+        .expect("rounds");
+    assert!(rounds.len() > turns.len(), "{rounds:?}");
+    let empty_tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM bids b WHERE NOT EXISTS
+           (SELECT FROM bid_entries e WHERE e.bid_id = b.id)",
+    )
+    .fetch_one(service.running.store.pool())
+    .await
+    .expect("count");
+    assert!(
+        empty_tables >= 1,
+        "the history has a bid with an empty table"
+    );
+    for round in rounds {
+        let replay = replay_round(&service.running.store, round)
+            .await
+            .expect("replay");
+        assert!(replay.matches, "round {round}: {:?}", replay.differences);
+    }
+    service.running.stop().await;
+}
+
+/// D4 and D6: bad input is a precise 4xx naming what is wrong (422 for a well-formed but
+/// invalid body), never a 5xx, and no database text ever reaches a client. Nothing is stored.
+#[actix_web::test]
+async fn bad_input_is_a_precise_4xx_naming_the_field_and_never_database_text() {
+    let database = fresh_database().await;
+    let service = serve(&config(&database), start_clock()).await;
+    let vision = service.tenant("vision").await;
+    let app = service.register(&vision, "tuner", "agent", 1, 1_000).await;
+    let job = |id: &str| {
+        json!({ "job": { "id": id, "total_iterations": 100, "serial_iteration_time": 1.0,
+                         "max_gpus": 1 }, "predicted_final_iteration": 100 })
+    };
+    let curve = |name: &str, id: &str| json!({ "name": name, "app": { "kind": "performance_curve", "jobs": [job(id)] } });
+    let halving = json!({ "name": "grows", "app": { "kind": "successive_halving",
+        "budget_gpu_seconds": 100.0, "phase_iterations": [10, 10, 10], "jobs_per_phase": [4, 8, 1],
+        "jobs": (0..8).map(|index| job(&format!("j{index}"))["job"].clone()).collect::<Vec<_>>() } });
+    let cases: Vec<(&str, String, &str, Option<Value>, u16, &str, &str)> = vec![
+        (
+            "POST",
+            "/v1/tenants".into(),
+            ADMIN,
+            Some(json!({ "name": "a\u{0}b" })),
+            422,
+            "invalid_text",
+            "/name",
+        ),
+        (
+            "POST",
+            "/v1/tenants".into(),
+            ADMIN,
+            Some(json!({ "name": "x".repeat(101) })),
+            422,
+            "invalid_tenant",
+            "name",
+        ),
+        (
+            "POST",
+            "/v1/tenants".into(),
+            ADMIN,
+            Some(json!({ "name": "evil\u{202E}gnp" })),
+            422,
+            "invalid_tenant",
+            "name",
+        ),
+        (
+            "POST",
+            "/v1/tenants".into(),
+            ADMIN,
+            Some(json!({ "name": 7 })),
+            422,
+            "invalid_body",
+            "string",
+        ),
+        (
+            "POST",
+            "/v1/apps".into(),
+            &vision,
+            Some(curve("a\u{0}", "j0")),
+            422,
+            "invalid_text",
+            "/name",
+        ),
+        (
+            "POST",
+            "/v1/apps".into(),
+            &vision,
+            Some(curve("ok", "j\u{0}")),
+            422,
+            "invalid_text",
+            "/app/jobs/0/job/id",
+        ),
+        (
+            "POST",
+            "/v1/apps".into(),
+            &vision,
+            Some(curve("tab\there", "j0")),
+            422,
+            "invalid_app",
+            "name",
+        ),
+        (
+            "POST",
+            "/v1/apps".into(),
+            &vision,
+            Some(halving),
+            422,
+            "invalid_app",
+            "jobs_per_phase",
+        ),
+        (
+            "POST",
+            "/v1/apps".into(),
+            &vision,
+            Some(json!({ "name": "x", "app": { "kind": "nope" } })),
+            422,
+            "invalid_body",
+            "nope",
+        ),
+        (
+            "POST",
+            "/v1/apps".into(),
+            &vision,
+            Some(json!({ "app": curve("x", "j0")["app"] })),
+            422,
+            "invalid_body",
+            "name",
+        ),
+        (
+            "POST",
+            format!("/v1/apps/{app}/progress"),
+            &vision,
+            Some(json!({ "jobs": [{ "job": "j\u{0}", "completed_iterations": 1 }] })),
+            422,
+            "invalid_text",
+            "/jobs/0/job",
+        ),
+        (
+            "GET",
+            "/v1/rounds?limit=0".into(),
+            &vision,
+            None,
+            400,
+            "bad_query",
+            "limit",
+        ),
+        (
+            "GET",
+            "/v1/rounds?limit=501".into(),
+            &vision,
+            None,
+            400,
+            "bad_query",
+            "limit",
+        ),
+        (
+            "GET",
+            format!("/v1/apps/{app}/rho-history?limit=0"),
+            &vision,
+            None,
+            400,
+            "bad_query",
+            "limit",
+        ),
+        (
+            "GET",
+            format!("/v1/apps/{app}/events/poll?timeout_ms=60001"),
+            &vision,
+            None,
+            400,
+            "bad_query",
+            "timeout_ms",
+        ),
+    ];
+    for (method, path, token, body, status, code, named) in cases {
+        let (got, problem) = service.call(method, &path, token, body.clone()).await;
+        assert_eq!(
+            (got, problem["code"].as_str()),
+            (status, Some(code)),
+            "{method} {path} {body:?} -> {problem}"
+        );
+        let detail = problem["detail"].as_str().expect("detail");
+        assert!(detail.contains(named), "{path}: {detail:?} names {named:?}");
+        for database_text in ["SQL", "sql", "database", "0x00", "UTF8", "byte sequence"] {
+            assert!(!detail.contains(database_text), "{path}: {detail:?}");
+        }
+    }
+    for path in [
+        format!("/v1/apps/{app}/events"),
+        "/v1/rounds/events".to_owned(),
+    ] {
+        for bad in ["abc", "-1", "1.5"] {
+            let (status, problem) = service
+                .call_with("GET", &path, &vision, None, &[("last-event-id", bad)])
+                .await;
+            assert_eq!(
+                (status, problem["code"].as_str()),
+                (400, Some("bad_last_event_id")),
+                "{path} Last-Event-ID {bad:?}: a bad id replays nothing"
+            );
+        }
+    }
+    let tenants: i64 = sqlx::query_scalar("SELECT count(*) FROM tenants")
+        .fetch_one(service.running.store.pool())
+        .await
+        .expect("count");
+    let apps: i64 = sqlx::query_scalar("SELECT count(*) FROM apps")
+        .fetch_one(service.running.store.pool())
+        .await
+        .expect("count");
+    assert_eq!((tenants, apps), (1, 1), "nothing refused was stored");
+    service.running.stop().await;
 }

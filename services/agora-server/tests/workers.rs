@@ -490,7 +490,7 @@ async fn bad_registrations_and_wrong_tokens_are_refused_and_nothing_is_stored() 
     bad.push((json!(empty), "invalid_registration"));
     let mut unknown_field = json!(good);
     unknown_field["gpu_count"] = json!(2);
-    bad.push((unknown_field, "malformed_json"));
+    bad.push((unknown_field, "invalid_body"));
     for (body, code) in bad {
         let (status, answer) = service
             .call("POST", REGISTER_PATH, WORKER_TOKEN, Some(body.clone()))

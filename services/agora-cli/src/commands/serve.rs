@@ -11,7 +11,7 @@ use clap::Args;
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// TOML settings (every setting has a default; DATABASE_URL, AGORA_LISTEN,
-    /// AGORA_ADMIN_TOKEN, AGORA_FLEET, AGORA_LEASE_SECONDS, AGORA_GPUS and AGORA_WORKER_TOKEN
+    /// AGORA_ADMIN_TOKEN, AGORA_ADMIN_TOKEN_FILE, AGORA_FLEET, AGORA_LEASE_SECONDS, AGORA_GPUS and AGORA_WORKER_TOKEN
     /// override the file).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -28,7 +28,7 @@ impl ServeArgs {
         let mut config =
             ServerConfig::load(self.config.as_deref(), |name| std::env::var(name).ok())?;
         if self.demo {
-            agora_server::demo::adjust(&mut config);
+            agora_server::demo::adjust(&mut config)?;
         }
         actix_web::rt::System::new().block_on(async move {
             let mut running = agora_server::server::start(&config, Arc::new(SystemClock)).await?;

@@ -16,7 +16,7 @@ use actix::prelude::*;
 use agora_market::app::AppId;
 use agora_market::auction::AppBid;
 use agora_market::lease::Lease;
-use agora_market::market::{DecidedRound, Market, RoundOffer, Withdrawal};
+use agora_market::market::{DecidedRound, Market, MarketError, RoundOffer, Withdrawal};
 use agora_market::time::Timestamp;
 use agora_market::topology::{GpuId, GpuIndex};
 use agora_protocol::Enforcement;
@@ -76,14 +76,15 @@ pub(super) struct PendingRound {
 }
 
 impl PendingRound {
-    /// Every bidder has its final bid: no need to wait for the deadline.
+    /// Every bidder still in the market has its final bid: no need to wait for the deadline.
+    /// A bidder that left is not waited for (its bid is withdrawn).
     fn complete(&self, members: &HashMap<AppId, Member>) -> bool {
         self.offer.bidders.iter().all(|app| {
+            let Some(member) = members.get(app) else {
+                return true;
+            };
             self.framework_bids.contains_key(app)
-                || (self.agent_bids.contains_key(app)
-                    && members
-                        .get(app)
-                        .is_none_or(|member| member.bidding == Bidding::Agent))
+                || (self.agent_bids.contains_key(app) && member.bidding == Bidding::Agent)
         })
     }
 }
@@ -419,7 +420,8 @@ impl Arbiter {
 
     /// Decides the round on a snapshot of the market, on a blocking thread: the solver may take
     /// long, and meanwhile the mailbox goes on serving releases, progress and registrations.
-    /// The decision is then applied to the market as it is by then.
+    /// The decision is then applied to the market as it is by then. Bidders that left the
+    /// market meanwhile are withdrawn (the engine hands their share to the others).
     fn decide_round(&mut self, round: PendingRound, ctx: &mut Context<Self>) {
         let PendingRound {
             id,
@@ -432,21 +434,56 @@ impl Arbiter {
         } = round;
         let round_span = trace.span.clone();
         let opened = trace.bids_collected();
-        let (bids, agent_bids_used) = final_bids(&offer.bidders, framework_bids, agent_bids);
+        let present: Vec<AppId> = offer
+            .bidders
+            .iter()
+            .filter(|app| self.members.contains_key(*app))
+            .cloned()
+            .collect();
+        let (bids, agent_bids_used) = final_bids(&present, framework_bids, agent_bids);
         let snapshot = self.market.clone();
+        let decide = Box::new(move || snapshot.decide_round(offer, bids, seed));
+        self.await_decision(id, round_span, opened, agent_bids_used, decide, ctx);
+    }
+
+    /// Runs `decide` on a blocking thread, then settles the round. If an app the decision
+    /// gives GPUs to left the market meanwhile, the round is decided again without it (on a
+    /// new snapshot): one tenant's app leaving never abandons everyone's round.
+    fn await_decision(
+        &mut self,
+        id: i64,
+        round_span: tracing::Span,
+        opened: Instant,
+        agent_bids_used: Vec<AppBid>,
+        decide: Box<dyn FnOnce() -> Result<DecidedRound, MarketError> + Send>,
+        ctx: &mut Context<Self>,
+    ) {
         let solver_span = round_span.clone();
-        let decided = actix_web::rt::task::spawn_blocking(move || {
-            solver_span.in_scope(|| snapshot.decide_round(offer, bids, seed))
-        });
+        let decided = actix_web::rt::task::spawn_blocking(move || solver_span.in_scope(decide));
         let settle = decided.into_actor(self).map(move |decided, arbiter, ctx| {
-            let _round = round_span.enter();
-            arbiter.round = RoundState::Idle;
             let decided = match decided {
                 Ok(decided) => decided.map_err(|error| error.to_string()),
                 Err(panic) => Err(format!("the auction failed: {panic}")),
             };
-            let reply = arbiter.settle_round(id, decided, opened, agent_bids_used, ctx);
-            arbiter.run_internal(reply, ctx);
+            match decided {
+                Ok(decided) if arbiter.market.outdated_by_departure(&decided) => {
+                    round_span.in_scope(|| {
+                        tracing::info!(
+                            round = id,
+                            "an app left while the round was decided; deciding it again without it"
+                        );
+                    });
+                    let snapshot = arbiter.market.clone();
+                    let decide = Box::new(move || snapshot.redecide(decided));
+                    arbiter.await_decision(id, round_span, opened, agent_bids_used, decide, ctx);
+                }
+                decided => {
+                    let _round = round_span.enter();
+                    arbiter.round = RoundState::Idle;
+                    let reply = arbiter.settle_round(id, decided, opened, agent_bids_used, ctx);
+                    arbiter.run_internal(reply, ctx);
+                }
+            }
         });
         ctx.spawn(settle);
     }

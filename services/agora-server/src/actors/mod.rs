@@ -32,6 +32,8 @@ pub enum ArbiterError {
     DuplicateAppName(String),
     #[error("invalid app: {0}")]
     InvalidApp(String),
+    #[error("invalid allocation: {0}")]
+    InvalidAllocation(String),
     #[error("invalid progress report: {0}")]
     Progress(#[from] ProgressError),
     #[error("round {0} does not exist")]
@@ -46,6 +48,8 @@ pub enum ArbiterError {
     InvalidBid(#[from] AuctionError),
     #[error("app {app} already bid in round {round}; a bid cannot be replaced (a retry with the same Idempotency-Key returns the first answer)")]
     AlreadyBid { app: i64, round: i64 },
+    #[error("Idempotency-Key {key:?} was used for app {app}'s bid in round {round} with a different bid; a retry must send the same request (use a new key for a different bid)")]
+    IdempotencyKeyReused { key: String, app: i64, round: i64 },
     #[error("lease {0} is not active (it ended, or it does not exist)")]
     LeaseNotActive(i64),
     #[error("GPU {0:?} is not in the cluster")]

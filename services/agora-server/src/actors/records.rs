@@ -159,6 +159,11 @@ pub fn closed_round(
             agent_bids,
             allocations,
             unallocated,
+            departed: outcome
+                .departed
+                .iter()
+                .map(app_key)
+                .collect::<Result<_, _>>()?,
         }),
         granted,
         events,

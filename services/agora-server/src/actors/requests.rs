@@ -66,7 +66,7 @@ impl Handler<RegisterApp> for Arbiter {
 
 impl Arbiter {
     fn register(&mut self, request: RegisterApp) -> Reply<i64> {
-        if request.name.trim().is_empty() || request.name.len() > 200 {
+        if request.name.trim().is_empty() || request.name.chars().count() > 200 {
             return refuse(ArbiterError::InvalidApp(
                 "name must be 1 to 200 characters".to_owned(),
             ));
@@ -247,10 +247,12 @@ impl Arbiter {
             Ok(staged) => staged,
             Err(error) => return refuse(error),
         };
-        self.commit(commit, ctx, move |arbiter, _| {
+        self.commit(commit, ctx, move |arbiter, ctx| {
             arbiter.market = next;
             if finished {
                 arbiter.members.remove(&id);
+                // The round may have waited only for this app's bid.
+                arbiter.close_round_if_due(ctx);
             }
             ProgressAck { finished }
         })
@@ -296,9 +298,11 @@ impl Handler<FinishApp> for Arbiter {
             Ok((next, commit, id))
         })();
         match staged {
-            Ok((next, commit, id)) => self.commit(commit, ctx, move |arbiter, _| {
+            Ok((next, commit, id)) => self.commit(commit, ctx, move |arbiter, ctx| {
                 arbiter.market = next;
                 arbiter.members.remove(&id);
+                // The round may have waited only for this app's bid.
+                arbiter.close_round_if_due(ctx);
             }),
             Err(error) => refuse(error),
         }
@@ -333,7 +337,7 @@ impl Handler<SubmitBid> for Arbiter {
     fn handle(&mut self, request: SubmitBid, ctx: &mut Self::Context) -> Self::Result {
         let span = request.span.clone();
         let _span = span.clone().entered();
-        let (round, writer) = (request.round, self.writer.clone());
+        let (round, writer, store) = (request.round, self.writer.clone(), self.store.clone());
         let accepted = app_key(&request.bid.app)
             .map_err(|_| ArbiterError::AppNotActive(-1))
             .and_then(|app| self.check_bid(&request, app).map(|()| app));
@@ -349,8 +353,11 @@ impl Handler<SubmitBid> for Arbiter {
                         else {
                             return Err(refusal);
                         };
-                        match writer.bid_with_key(round, app, key).await? {
-                            Some(bid_id) => Ok(BidAck::replayed(bid_id, round)),
+                        match writer.bid_with_key(round, app, key.clone()).await? {
+                            Some(bid_id) => {
+                                let retry = Retry { key, app, round };
+                                retry.answer(&store, bid_id, &request.bid).await
+                            }
                             None => Err(refusal),
                         }
                     }
@@ -365,6 +372,11 @@ impl Handler<SubmitBid> for Arbiter {
         }
         crate::metrics::metrics().bid_received("framework");
         let arbiter = ctx.address();
+        let retry = request
+            .idempotency_key
+            .clone()
+            .map(|key| Retry { key, app, round });
+        let bid = request.bid.clone();
         // Queued before the round can close, so stored no later than its outcome.
         let stored = writer.insert_bid(NewBid {
             round,
@@ -386,12 +398,48 @@ impl Handler<SubmitBid> for Arbiter {
                         round,
                         replayed: false,
                     }),
-                    BidInsert::Replayed(bid_id) => Ok(BidAck::replayed(bid_id, round)),
+                    BidInsert::Replayed(bid_id) => match retry {
+                        Some(retry) => retry.answer(&store, bid_id, &bid).await,
+                        None => Ok(BidAck::replayed(bid_id, round)),
+                    },
                     BidInsert::AlreadyBid => Err(ArbiterError::AlreadyBid { app, round }),
                 }
             }
             .instrument(tracing::info_span!(parent: &span, "persistence")),
         )
+    }
+}
+
+/// A bid sent with an `Idempotency-Key` that the app's bid in the round already has.
+struct Retry {
+    key: String,
+    app: i64,
+    round: i64,
+}
+
+impl Retry {
+    /// The first answer if `bid` is the bid stored under the key (a true retry); a refusal if
+    /// the key is being reused for a different bid (IETF Idempotency-Key draft, section 2.7).
+    async fn answer(
+        self,
+        store: &crate::store::Store,
+        bid_id: i64,
+        bid: &AppBid,
+    ) -> Result<BidAck, ArbiterError> {
+        let stored = store.bid(bid_id).await?;
+        let same = stored
+            .as_ref()
+            .and_then(|stored| crate::server::app_bid(stored).ok())
+            .is_some_and(|stored| stored == *bid);
+        if same {
+            Ok(BidAck::replayed(bid_id, self.round))
+        } else {
+            Err(ArbiterError::IdempotencyKeyReused {
+                key: self.key,
+                app: self.app,
+                round: self.round,
+            })
+        }
     }
 }
 
@@ -488,7 +536,9 @@ impl Handler<ReleaseLease> for Arbiter {
                 .leases()
                 .get(id)
                 .ok_or(ArbiterError::LeaseNotActive(request.lease))?;
-            self.authorize(request.tenant, app_key(&lease.app)?)?;
+            // Another tenant's lease is answered as one that does not exist.
+            self.authorize(request.tenant, app_key(&lease.app)?)
+                .map_err(|_| ArbiterError::LeaseNotActive(request.lease))?;
             let mut next = self.market.clone();
             let released = next
                 .release_lease(id, self.now())
@@ -671,6 +721,122 @@ impl Handler<StandingOf> for Arbiter {
             position,
             active_apps: standings.len(),
             bidders_per_round: self.market.config().bidders_per_round(standings.len()),
+        })
+    }
+}
+
+/// The round collecting bids now.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CurrentRound {
+    pub round_id: i64,
+    pub opened_at: chrono::DateTime<chrono::Utc>,
+    /// Bids are taken until then: `round_deadline_ms` (the bid window) after the opening. The
+    /// round may close earlier, once every bidder has bid.
+    pub deadline: chrono::DateTime<chrono::Utc>,
+    /// The configured bid window (`round_deadline_ms`).
+    pub bid_window_ms: u64,
+    /// How many apps were offered GPUs in it.
+    pub bidders: usize,
+    /// How many GPUs it offers.
+    pub offered_gpus: usize,
+}
+
+/// The round collecting bids now, if one is.
+#[derive(Debug, Message)]
+#[rtype(result = "Option<CurrentRound>")]
+pub struct CurrentRoundOf;
+
+impl Handler<CurrentRoundOf> for Arbiter {
+    type Result = Option<CurrentRound>;
+
+    fn handle(&mut self, _: CurrentRoundOf, _: &mut Self::Context) -> Self::Result {
+        let RoundState::Open(round) = &self.round else {
+            return None;
+        };
+        Some(CurrentRound {
+            round_id: round.id,
+            opened_at: to_datetime(round.offer.now),
+            deadline: to_datetime(round.deadline),
+            bid_window_ms: self.settings.round_deadline.as_millis() as u64,
+            bidders: round.offer.bidders.len(),
+            offered_gpus: round.offer.offer.offer.gpus.len(),
+        })
+    }
+}
+
+/// An app's rho as the arbiter computes it, now and projected.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RhoView {
+    pub app: i64,
+    /// When it was computed (the arbiter's clock).
+    pub at: chrono::DateTime<chrono::Utc>,
+    /// rho now, standing on the GPUs the app holds and claims: the value the arbiter ranks it
+    /// by and offers in its `offer` events; `null` while it holds and claims none (starving).
+    pub rho: Option<f64>,
+    /// The GPUs of the projection: exactly what the app would hold.
+    pub projected_gpus: Vec<String>,
+    /// rho holding exactly `projected_gpus`, after the hypothetical progress if one was sent;
+    /// `null` for no GPU (unbounded).
+    pub projected_rho: Option<f64>,
+}
+
+/// An app's rho now, and with a hypothetical allocation (and progress).
+#[derive(Debug, Message)]
+#[rtype(result = "Result<RhoView, ArbiterError>")]
+pub struct RhoOf {
+    pub tenant: Option<i64>,
+    pub app: i64,
+    /// GPU ids the app would hold.
+    pub gpus: Vec<String>,
+    /// Progress applied (to a copy) before projecting; nothing is changed.
+    pub progress: Vec<JobProgress>,
+}
+
+impl Handler<RhoOf> for Arbiter {
+    type Result = Result<RhoView, ArbiterError>;
+
+    fn handle(&mut self, request: RhoOf, _: &mut Self::Context) -> Self::Result {
+        let id = self.authorize(request.tenant, request.app)?;
+        let now = self.now();
+        let mut indices: Vec<GpuIndex> = Vec::with_capacity(request.gpus.len());
+        for gpu in &request.gpus {
+            let index = self
+                .market
+                .cluster()
+                .index_of(&agora_market::topology::GpuId(gpu.clone()))
+                .ok_or_else(|| {
+                    ArbiterError::InvalidAllocation(format!("gpus: {gpu:?} is not in the cluster"))
+                })?;
+            if indices.contains(&index) {
+                return Err(ArbiterError::InvalidAllocation(format!(
+                    "gpus: {gpu:?} is listed twice"
+                )));
+            }
+            indices.push(index);
+        }
+        let current = self
+            .market
+            .rho_projection(&id, &indices, now)
+            .map_err(|error| ArbiterError::Internal(error.to_string()))?;
+        let projected = if request.progress.is_empty() {
+            current.projected
+        } else {
+            let mut staged = self.market.clone();
+            staged
+                .app_mut(&id)
+                .ok_or(ArbiterError::AppNotActive(request.app))?
+                .apply_progress(&request.progress)?;
+            staged
+                .rho_projection(&id, &indices, now)
+                .map_err(|error| ArbiterError::Internal(error.to_string()))?
+                .projected
+        };
+        Ok(RhoView {
+            app: request.app,
+            at: to_datetime(now),
+            rho: current.current.map(f64::from),
+            projected_gpus: request.gpus,
+            projected_rho: projected.map(f64::from),
         })
     }
 }

@@ -7,11 +7,15 @@ use agora_protocol::Enforcement;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::problem::{ApiError, Problem};
+use super::body::{check_name, Body};
+
+/// The longest app name, in characters.
+pub const MAX_APP_NAME: usize = 200;
+use super::problem::{ApiError, ErrorCode, Problem};
 use super::{authorized_app, owned_app, ApiState, Caller};
 use crate::actors::agent::Bidding;
 use crate::actors::requests::{
-    AppStanding, FinishApp, ProgressAck, RegisterApp, ReportProgress, StandingOf,
+    AppStanding, FinishApp, ProgressAck, RegisterApp, ReportProgress, RhoOf, RhoView, StandingOf,
 };
 use crate::store::{AppRow, LeaseView};
 
@@ -60,12 +64,17 @@ fn default_bidding() -> String {
 pub async fn register_app(
     state: web::Data<ApiState>,
     caller: Caller,
-    body: web::Json<RegisterBody>,
+    body: Body<RegisterBody>,
 ) -> Result<HttpResponse, ApiError> {
     let tenant = caller.require_tenant()?;
     let body = body.into_inner();
+    check_name("name", &body.name, MAX_APP_NAME)
+        .map_err(|reason| ApiError::unprocessable(ErrorCode::InvalidApp, reason))?;
     let bidding = Bidding::parse(&body.bidding).ok_or_else(|| {
-        ApiError::unprocessable("invalid_app", "bidding must be `agent` or `explicit`")
+        ApiError::unprocessable(
+            ErrorCode::InvalidApp,
+            "bidding must be `agent` or `explicit`",
+        )
     })?;
     let id = state
         .arbiter
@@ -82,15 +91,14 @@ pub async fn register_app(
     Ok(HttpResponse::Created().json(row))
 }
 
-/// The calling tenant's apps, finished ones included.
+/// The calling tenant's apps, finished ones included (the admin sees every tenant's).
 #[utoipa::path(get, path = "/v1/apps", responses((status = 200, body = Vec<AppRow>)))]
 #[get("/v1/apps")]
 pub async fn list_apps(
     state: web::Data<ApiState>,
     caller: Caller,
 ) -> Result<HttpResponse, ApiError> {
-    let tenant = caller.require_tenant()?;
-    Ok(HttpResponse::Ok().json(state.store.apps_of(tenant).await?))
+    Ok(HttpResponse::Ok().json(state.store.apps_of(caller.tenant()).await?))
 }
 
 #[utoipa::path(get, path = "/v1/apps/{app}", params(("app" = i64, Path)),
@@ -123,7 +131,7 @@ pub async fn report_progress(
     state: web::Data<ApiState>,
     caller: Caller,
     app: web::Path<i64>,
-    body: web::Json<ProgressBody>,
+    body: Body<ProgressBody>,
 ) -> Result<HttpResponse, ApiError> {
     owned_app(&state, caller, *app).await?;
     let ack = state
@@ -157,6 +165,49 @@ pub async fn finish_app(
         })
         .await??;
     Ok(HttpResponse::NoContent().finish())
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"gpus": ["m0-g0", "m0-g1"],
+    "progress": [{"job": "trial-0", "completed_iterations": 600}]}))]
+pub struct RhoBody {
+    /// The GPUs the app would hold (their ids, as in `/v1/cluster`); none: the projection is
+    /// for holding nothing.
+    #[serde(default)]
+    pub gpus: Vec<String>,
+    /// Hypothetical progress (as in `POST /v1/apps/{app}/progress`), applied to a copy of the
+    /// app before projecting; nothing is stored.
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub progress: Vec<JobProgress>,
+}
+
+/// The app's rho now and projected: with a hypothetical allocation (and progress), computed
+/// by the arbiter's own engine functions, exactly as it ranks apps and its agent bids.
+#[utoipa::path(post, path = "/v1/apps/{app}/rho", params(("app" = i64, Path)),
+    request_body = RhoBody,
+    responses((status = 200, body = RhoView), (status = 404, body = Problem),
+              (status = 409, body = Problem), (status = 422, body = Problem)))]
+#[post("/v1/apps/{app}/rho")]
+pub async fn rho(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    app: web::Path<i64>,
+    body: Body<RhoBody>,
+) -> Result<HttpResponse, ApiError> {
+    owned_app(&state, caller, *app).await?;
+    let body = body.into_inner();
+    let view = state
+        .arbiter
+        .send(RhoOf {
+            tenant: caller.tenant(),
+            app: *app,
+            gpus: body.gpus,
+            progress: body.progress,
+        })
+        .await??;
+    Ok(HttpResponse::Ok().json(view))
 }
 
 /// Every lease of the app, with each GPU's host and CUDA UUID.

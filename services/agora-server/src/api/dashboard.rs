@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::{self, error::RecvError};
 use utoipa::{IntoParams, ToSchema};
 
-use super::problem::{ApiError, Problem};
+use super::problem::{ApiError, ErrorCode, Problem};
 use super::{owned_app, ApiState, Caller};
 use crate::store::{
     AppRound, FairnessApp, FairnessInputs, GpuCounts, RhoPoint, RoundSummary, Store, TimelineLease,
@@ -98,7 +98,7 @@ pub async fn rho_history(
     query: web::Query<HistoryQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
-    let limit = query.limit.unwrap_or(500).clamp(1, 5000);
+    let limit = super::bounded_limit(query.limit, 500, 5000)?;
     Ok(HttpResponse::Ok().json(state.store.rho_history(app, limit).await?))
 }
 
@@ -124,7 +124,7 @@ pub async fn app_rounds(
     query: web::Query<AppRoundsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
-    let limit = query.limit.unwrap_or(50).clamp(1, 500);
+    let limit = super::bounded_limit(query.limit, 50, 500)?;
     Ok(HttpResponse::Ok().json(state.store.app_rounds(app, query.before, limit).await?))
 }
 
@@ -202,11 +202,11 @@ pub async fn lease_timeline(
 ) -> Result<HttpResponse, ApiError> {
     if query.to <= query.from || query.to - query.from > MAX_WINDOW {
         return Err(ApiError::bad_request(
-            "bad_window",
+            ErrorCode::BadWindow,
             "`to` must be after `from` and at most 7 days later",
         ));
     }
-    let limit = query.limit.unwrap_or(2000).clamp(1, 10_000);
+    let limit = super::bounded_limit(query.limit, 2000, 10_000)?;
     let leases = state
         .store
         .lease_timeline(query.from, query.to, limit, caller.tenant())
@@ -233,12 +233,8 @@ pub async fn round_events(
     _caller: Caller,
     query: web::Query<RoundStreamQuery>,
     request: HttpRequest,
-) -> HttpResponse {
-    let last_event_id = request
-        .headers()
-        .get("last-event-id")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.trim().parse().ok());
+) -> Result<HttpResponse, ApiError> {
+    let last_event_id = super::last_event_id(&request)?;
     let follower = RoundFollower {
         store: state.store.clone(),
         notices: state.notices.subscribe_all(),
@@ -248,10 +244,10 @@ pub async fn round_events(
         let chunk = follower.next_chunk().await;
         Some((Ok::<_, actix_web::Error>(chunk), follower))
     });
-    HttpResponse::Ok()
+    Ok(HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header((header::CACHE_CONTROL, "no-cache"))
-        .streaming(chunks)
+        .streaming(chunks))
 }
 
 /// Follows the rounds table: reads it when an app event (every round result is one) wakes it,

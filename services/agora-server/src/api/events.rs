@@ -40,11 +40,7 @@ pub async fn stream(
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
-    let last_event_id = request
-        .headers()
-        .get("last-event-id")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.trim().parse().ok());
+    let last_event_id = super::last_event_id(&request)?;
     let after = last_event_id.or(query.after).unwrap_or(0);
     let follower = Follower {
         store: state.store.clone(),
@@ -91,7 +87,17 @@ pub async fn poll(
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
     let after = query.after.unwrap_or(0);
-    let timeout = Duration::from_millis(query.timeout_ms.unwrap_or(25_000).min(60_000));
+    let timeout_ms = match query.timeout_ms {
+        None => 25_000,
+        Some(timeout_ms) if timeout_ms <= 60_000 => timeout_ms,
+        Some(timeout_ms) => {
+            return Err(ApiError::bad_request(
+                super::problem::ErrorCode::BadQuery,
+                format!("timeout_ms must be at most 60000, got {timeout_ms}"),
+            ))
+        }
+    };
+    let timeout = Duration::from_millis(timeout_ms);
     let mut follower = Follower {
         store: state.store.clone(),
         notices: state.notices.follow(app),

@@ -8,15 +8,23 @@ use agora_market::topology::GpuId;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::problem::{ApiError, Problem};
+use super::body::{check_name, Body};
+
+/// The longest tenant name, in characters.
+pub const MAX_TENANT_NAME: usize = 100;
+use super::problem::{ApiError, ErrorCode, Problem};
 use super::{owned_app, ApiState, Caller};
-use crate::actors::requests::{BidAck, DrainAck, ReleaseLease, SetGpuService, SubmitBid};
+use crate::actors::requests::{
+    BidAck, CurrentRound, CurrentRoundOf, DrainAck, ReleaseLease, SetGpuService, SubmitBid,
+};
 use crate::store::{GpuView, RoundDetail, RoundSummary};
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"name": "vision-team"}))]
 pub struct TenantBody {
+    /// 1 to 100 characters, without control or bidirectional formatting characters.
+    #[schema(min_length = 1, max_length = 100)]
     pub name: String,
 }
 
@@ -35,18 +43,14 @@ pub struct TenantCreated {
 pub async fn create_tenant(
     state: web::Data<ApiState>,
     caller: Caller,
-    body: web::Json<TenantBody>,
+    body: Body<TenantBody>,
 ) -> Result<HttpResponse, ApiError> {
     if caller != Caller::Admin {
         return Err(ApiError::admin_only());
     }
     let name = body.into_inner().name;
-    if name.trim().is_empty() {
-        return Err(ApiError::unprocessable(
-            "invalid_tenant",
-            "name must not be empty",
-        ));
-    }
+    check_name("name", &name, MAX_TENANT_NAME)
+        .map_err(|reason| ApiError::unprocessable(ErrorCode::InvalidTenant, reason))?;
     let token = new_token();
     let id = state
         .store
@@ -60,7 +64,7 @@ pub async fn create_tenant(
             {
                 ApiError::new(
                     actix_web::http::StatusCode::CONFLICT,
-                    "duplicate_tenant",
+                    ErrorCode::DuplicateTenant,
                     format!("a tenant named {name:?} exists"),
                 )
             }
@@ -92,6 +96,7 @@ pub struct BidBody {
     pub app: i64,
     /// rho if the app wins nothing; `null` when it holds no GPU (starving). Required.
     #[serde(deserialize_with = "Option::deserialize")]
+    #[schema(required = true)]
     pub rho_old: Option<f64>,
     pub bids: Vec<BidEntryBody>,
 }
@@ -100,7 +105,7 @@ impl BidBody {
     fn into_bid(self) -> Result<AppBid, ApiError> {
         let rho = |value: f64| {
             Rho::new(value)
-                .map_err(|error| ApiError::unprocessable("invalid_rho", error.to_string()))
+                .map_err(|error| ApiError::unprocessable(ErrorCode::InvalidRho, error.to_string()))
         };
         Ok(AppBid {
             app: AppId(self.app.to_string()),
@@ -131,7 +136,7 @@ pub async fn submit_bid(
     caller: Caller,
     round: web::Path<i64>,
     request: HttpRequest,
-    body: web::Json<BidBody>,
+    body: Body<BidBody>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
     owned_app(&state, caller, body.app).await?;
@@ -146,7 +151,7 @@ pub async fn submit_bid(
                 .map(str::to_owned)
                 .ok_or_else(|| {
                     ApiError::bad_request(
-                        "bad_idempotency_key",
+                        ErrorCode::BadIdempotencyKey,
                         "Idempotency-Key must be 1 to 200 visible ASCII characters",
                     )
                 })
@@ -187,8 +192,25 @@ pub async fn list_rounds(
     _caller: Caller,
     query: web::Query<RoundsQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let limit = query.limit.unwrap_or(50).clamp(1, 500);
+    let limit = super::bounded_limit(query.limit, 50, 500)?;
     Ok(HttpResponse::Ok().json(state.store.rounds(query.before, limit).await?))
+}
+
+/// The round collecting bids now: its deadline and the configured bid window. 404 when no
+/// round is open (the next opens when GPUs are free and an app wants them).
+#[utoipa::path(get, path = "/v1/rounds/current",
+    responses((status = 200, body = CurrentRound), (status = 404, body = Problem)))]
+#[get("/v1/rounds/current")]
+pub async fn current_round(
+    state: web::Data<ApiState>,
+    _caller: Caller,
+) -> Result<HttpResponse, ApiError> {
+    let current = state
+        .arbiter
+        .send(CurrentRoundOf)
+        .await?
+        .ok_or_else(|| ApiError::not_found("no round is collecting bids now"))?;
+    Ok(HttpResponse::Ok().json(current))
 }
 
 /// One round in full: offer, standings, bids, PF choice, payments, allocations, leftovers.

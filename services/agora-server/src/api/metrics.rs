@@ -10,7 +10,7 @@ pub async fn prometheus() -> Result<HttpResponse, ApiError> {
     let text = metrics().prometheus_text().map_err(|error| {
         ApiError::new(
             actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "metrics_unavailable",
+            super::problem::ErrorCode::MetricsUnavailable,
             format!("the metrics could not be encoded: {error}"),
         )
     })?;

@@ -2,6 +2,7 @@
 //! else. `/openapi.json` is generated from these handlers; `docs/api.md` walks through it.
 
 mod apps;
+pub mod body;
 mod dashboard;
 mod events;
 mod market;
@@ -17,7 +18,7 @@ use std::sync::{Arc, RwLock};
 
 use actix::Addr;
 use actix_web::dev::Payload;
-use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
+use actix_web::error::{PathError, QueryPayloadError};
 use actix_web::{web, FromRequest, HttpRequest, HttpResponse};
 use sha2::{Digest, Sha256};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -90,7 +91,7 @@ impl Caller {
     pub fn require_tenant(self) -> Result<i64, ApiError> {
         self.tenant().ok_or_else(|| {
             ApiError::bad_request(
-                "tenant_required",
+                problem::ErrorCode::TenantRequired,
                 "this acts for a tenant: use a tenant's token, not the admin token",
             )
         })
@@ -166,11 +167,8 @@ fn no_such_app(app: i64) -> ApiError {
 
 fn check_owner(caller: Caller, app: i64, owner: i64) -> Result<(), ApiError> {
     match caller.tenant() {
-        Some(tenant) if tenant != owner => Err(ApiError::new(
-            actix_web::http::StatusCode::FORBIDDEN,
-            "foreign_app",
-            format!("app {app} belongs to another tenant"),
-        )),
+        // The same answer as for an app that does not exist: ids cannot be probed.
+        Some(tenant) if tenant != owner => Err(no_such_app(app)),
         _ => Ok(()),
     }
 }
@@ -178,11 +176,7 @@ fn check_owner(caller: Caller, app: i64, owner: i64) -> Result<(), ApiError> {
 /// Routes and extractor settings of the whole API.
 pub fn configure(config: &mut web::ServiceConfig) {
     config
-        .app_data(
-            web::JsonConfig::default()
-                .limit(1 << 20)
-                .error_handler(json_error),
-        )
+        .app_data(web::PayloadConfig::new(body::BODY_LIMIT))
         .app_data(web::PathConfig::default().error_handler(path_error))
         .app_data(web::QueryConfig::default().error_handler(query_error))
         .route(
@@ -200,10 +194,12 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .service(apps::finish_app)
         .service(apps::app_leases)
         .service(apps::why)
+        .service(apps::rho)
         .service(events::stream)
         .service(events::poll)
         .service(market::submit_bid)
         .service(market::list_rounds)
+        .service(market::current_round)
         .service(market::get_round)
         .service(market::release_lease)
         .service(market::cluster)
@@ -216,14 +212,37 @@ pub fn configure(config: &mut web::ServiceConfig) {
         }));
 }
 
-fn json_error(error: JsonPayloadError, _: &HttpRequest) -> actix_web::Error {
-    let status = match error {
-        JsonPayloadError::OverflowKnownLength { .. } | JsonPayloadError::Overflow { .. } => {
-            actix_web::http::StatusCode::PAYLOAD_TOO_LARGE
-        }
-        _ => actix_web::http::StatusCode::BAD_REQUEST,
+/// A `limit` query parameter: `default` when absent, else 1 to `max` (400 `bad_query`
+/// otherwise; a limit is never silently changed).
+fn bounded_limit(limit: Option<i64>, default: i64, max: i64) -> Result<i64, ApiError> {
+    match limit {
+        None => Ok(default),
+        Some(limit) if (1..=max).contains(&limit) => Ok(limit),
+        Some(limit) => Err(ApiError::bad_request(
+            problem::ErrorCode::BadQuery,
+            format!("limit must be 1 to {max}, got {limit}"),
+        )),
+    }
+}
+
+/// The `Last-Event-ID` header, if sent: an event id (a non-negative integer); anything else is
+/// 400 `bad_last_event_id` rather than a replay from the start.
+fn last_event_id(request: &HttpRequest) -> Result<Option<i64>, ApiError> {
+    let Some(value) = request.headers().get("last-event-id") else {
+        return Ok(None);
     };
-    ApiError::new(status, "malformed_json", error.to_string()).into()
+    value
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse::<i64>().ok())
+        .filter(|id| *id >= 0)
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                problem::ErrorCode::BadLastEventId,
+                "Last-Event-ID must be the id of an event received (a non-negative integer)",
+            )
+        })
 }
 
 fn path_error(error: PathError, _: &HttpRequest) -> actix_web::Error {
@@ -231,7 +250,7 @@ fn path_error(error: PathError, _: &HttpRequest) -> actix_web::Error {
 }
 
 fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
-    ApiError::bad_request("bad_query", error.to_string()).into()
+    ApiError::bad_request(problem::ErrorCode::BadQuery, error.to_string()).into()
 }
 
 #[derive(OpenApi)]
@@ -249,10 +268,12 @@ fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
         apps::finish_app,
         apps::app_leases,
         apps::why,
+        apps::rho,
         events::stream,
         events::poll,
         market::submit_bid,
         market::list_rounds,
+        market::current_round,
         market::get_round,
         market::release_lease,
         market::cluster,
@@ -267,7 +288,7 @@ fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
         dashboard::lease_timeline,
         dashboard::round_events,
     ),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &ProblemAnswers),
     security(("bearer" = []))
 )]
 #[derive(Debug)]
@@ -283,6 +304,87 @@ impl Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+    }
+}
+
+/// Completes every operation's answers with the problems any request of its shape can get
+/// (401 without a valid token and 503 while the database or the arbiter is away, everywhere;
+/// 400 with query parameters, headers or a body; 404 with a path parameter; 413 and 422 with
+/// a body), and gives every error answer its media type, `application/problem+json`, with
+/// the `Problem` schema.
+#[derive(Debug)]
+struct ProblemAnswers;
+
+impl Modify for ProblemAnswers {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::ParameterIn;
+        use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+        const PROBLEM: &str = "application/problem+json";
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.patch,
+                &mut item.delete,
+            ];
+            for operation in operations.into_iter().flatten() {
+                let takes_query = operation.parameters.iter().flatten().any(|parameter| {
+                    matches!(
+                        parameter.parameter_in,
+                        ParameterIn::Query | ParameterIn::Header
+                    )
+                });
+                let takes_body = operation.request_body.is_some();
+                let mut problems = vec![
+                    ("401", "no token, or one this endpoint does not take"),
+                    (
+                        "503",
+                        "the database or the arbiter is unavailable; retry shortly",
+                    ),
+                ];
+                if takes_query || takes_body {
+                    problems.push((
+                        "400",
+                        "a body that is not JSON, or a bad query parameter or header",
+                    ));
+                }
+                if path.contains('{') {
+                    problems.push(("404", "no such thing for this caller"));
+                }
+                if takes_body {
+                    problems.push(("413", "a body over 1 MiB"));
+                    problems.push(("422", "a well-formed body that is not valid"));
+                }
+                for (status, description) in problems {
+                    operation
+                        .responses
+                        .responses
+                        .entry(status.to_owned())
+                        .or_insert_with(|| {
+                            let content = ContentBuilder::new()
+                                .schema(Some(Ref::from_schema_name("Problem")))
+                                .build();
+                            RefOr::T(
+                                ResponseBuilder::new()
+                                    .description(description)
+                                    .content(PROBLEM, content)
+                                    .build(),
+                            )
+                        });
+                }
+                for (status, response) in operation.responses.responses.iter_mut() {
+                    let RefOr::T(response) = response else {
+                        continue;
+                    };
+                    if status.starts_with('4') || status.starts_with('5') {
+                        if let Some(content) = response.content.shift_remove("application/json") {
+                            response.content.insert(PROBLEM.to_owned(), content);
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -9,28 +9,134 @@ use utoipa::ToSchema;
 use crate::actors::ArbiterError;
 use crate::store::StoreError;
 
+/// Declares [`ErrorCode`]: every stable machine code the API answers with, each with the
+/// HTTP statuses it comes with. `docs/api.md`'s table of codes is tested against it
+/// (`ErrorCode::ALL`), and the OpenAPI document lists the codes in `Problem`'s schema.
+macro_rules! error_codes {
+    ($($(#[doc = $doc:literal])* $variant:ident = $code:literal, [$($status:literal),+];)*) => {
+        /// A stable, machine-readable error code (`code` and `type` of a problem).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, ToSchema)]
+        #[serde(rename_all = "snake_case")]
+        pub enum ErrorCode {
+            // The variants' comments stay in the source: utoipa would turn documented variants
+            // into a `oneOf` instead of a plain list of codes.
+            $($variant,)*
+        }
+
+        impl ErrorCode {
+            /// Every code, in the order of the table in `docs/api.md`.
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => $code,)*
+                }
+            }
+
+            /// The HTTP statuses this code is answered with.
+            pub fn statuses(self) -> &'static [u16] {
+                match self {
+                    $(ErrorCode::$variant => &[$($status),+],)*
+                }
+            }
+        }
+    };
+}
+
+error_codes! {
+    /// The body is not JSON (or not sent as JSON), or is over 1 MiB (413).
+    MalformedJson = "malformed_json", [400, 413];
+    /// A query parameter is missing, unknown, malformed or out of range.
+    BadQuery = "bad_query", [400];
+    /// `from`/`to` of a time window are out of order or too far apart.
+    BadWindow = "bad_window", [400];
+    /// `Last-Event-ID` is not an event id (a non-negative integer).
+    BadLastEventId = "bad_last_event_id", [400];
+    /// `Idempotency-Key` is empty, too long, or not visible ASCII.
+    BadIdempotencyKey = "bad_idempotency_key", [400];
+    /// The request acts for a tenant; the admin token was sent.
+    TenantRequired = "tenant_required", [400];
+    /// No token, or an unknown one.
+    Unauthorized = "unauthorized", [401];
+    /// Only the admin token may do this.
+    AdminOnly = "admin_only", [403];
+    /// The worker endpoints are closed (a simulated fleet).
+    WorkersDisabled = "workers_disabled", [403];
+    /// No such thing for this caller (another tenant's app is not found either).
+    NotFound = "not_found", [404];
+    UnknownRound = "unknown_round", [404];
+    UnknownGpu = "unknown_gpu", [404];
+    UnknownHost = "unknown_host", [404];
+    DuplicateTenant = "duplicate_tenant", [409];
+    DuplicateAppName = "duplicate_app_name", [409];
+    AppNotActive = "app_not_active", [409];
+    RoundClosed = "round_closed", [409];
+    NotABidder = "not_a_bidder", [409];
+    AlreadyBid = "already_bid", [409];
+    LeaseNotActive = "lease_not_active", [409];
+    /// Well-formed JSON that is not what the endpoint takes: a missing or unknown field, a
+    /// wrong type or variant.
+    InvalidBody = "invalid_body", [422];
+    /// A string holding a NUL character.
+    InvalidText = "invalid_text", [422];
+    /// The `Idempotency-Key` was used before with a different request.
+    IdempotencyKeyReused = "idempotency_key_reused", [422];
+    InvalidTenant = "invalid_tenant", [422];
+    InvalidApp = "invalid_app", [422];
+    InvalidProgress = "invalid_progress", [422];
+    /// A projected allocation with a GPU that is not in the cluster, or one listed twice.
+    InvalidAllocation = "invalid_allocation", [422];
+    InvalidRho = "invalid_rho", [422];
+    InvalidBid = "invalid_bid", [422];
+    BidTableTooLarge = "bid_table_too_large", [422];
+    InvalidRegistration = "invalid_registration", [422];
+    InvalidHeartbeat = "invalid_heartbeat", [422];
+    /// The database did not answer; retry shortly.
+    StoreUnavailable = "store_unavailable", [503];
+    /// The arbiter did not answer; retry shortly.
+    ArbiterUnavailable = "arbiter_unavailable", [503];
+    /// The arbiter could not complete the request; retry shortly.
+    ArbiterFailure = "arbiter_failure", [503];
+    /// The metrics could not be gathered.
+    MetricsUnavailable = "metrics_unavailable", [500];
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+/// An RFC 9457 problem: the body of every error answer (`application/problem+json`).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Problem {
     /// `/problems/{code}`.
     #[serde(rename = "type")]
     pub problem_type: String,
+    /// The status's reason phrase.
     pub title: String,
+    /// The HTTP status.
     pub status: u16,
+    /// What was wrong, in words, naming the field or parameter.
     pub detail: String,
     /// Stable machine-readable code.
-    pub code: String,
+    pub code: ErrorCode,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{detail}")]
 pub struct ApiError {
     pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub detail: String,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, code: ErrorCode, detail: impl Into<String>) -> Self {
+        debug_assert!(
+            code.statuses().contains(&status.as_u16()),
+            "{code} is not documented with {status}"
+        );
         Self {
             status,
             code,
@@ -38,31 +144,33 @@ impl ApiError {
         }
     }
 
+    /// `code` with its (first) status.
+    pub fn of(code: ErrorCode, detail: impl Into<String>) -> Self {
+        let status =
+            StatusCode::from_u16(code.statuses()[0]).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Self::new(status, code, detail)
+    }
+
     pub fn unauthorized() -> Self {
-        Self::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+        Self::of(
+            ErrorCode::Unauthorized,
             "send `Authorization: Bearer <token>` with a tenant token (or the admin token)",
         )
     }
 
     pub fn admin_only() -> Self {
-        Self::new(
-            StatusCode::FORBIDDEN,
-            "admin_only",
-            "only the admin token may do this",
-        )
+        Self::of(ErrorCode::AdminOnly, "only the admin token may do this")
     }
 
     pub fn not_found(what: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", what)
+        Self::of(ErrorCode::NotFound, what)
     }
 
-    pub fn bad_request(code: &'static str, detail: impl Into<String>) -> Self {
+    pub fn bad_request(code: ErrorCode, detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, detail)
     }
 
-    pub fn unprocessable(code: &'static str, detail: impl Into<String>) -> Self {
+    pub fn unprocessable(code: ErrorCode, detail: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, code, detail)
     }
 }
@@ -78,7 +186,7 @@ impl ResponseError for ApiError {
             title: self.status.canonical_reason().unwrap_or("Error").to_owned(),
             status: self.status.as_u16(),
             detail: self.detail.clone(),
-            code: self.code.to_owned(),
+            code: self.code,
         };
         HttpResponse::build(self.status)
             .content_type("application/problem+json")
@@ -89,9 +197,8 @@ impl ResponseError for ApiError {
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         tracing::error!(%error, "store error");
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store_unavailable",
+        Self::of(
+            ErrorCode::StoreUnavailable,
             "the database could not complete the request; retry shortly",
         )
     }
@@ -100,9 +207,8 @@ impl From<StoreError> for ApiError {
 impl From<actix::MailboxError> for ApiError {
     fn from(error: actix::MailboxError) -> Self {
         tracing::error!(%error, "arbiter unreachable");
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "arbiter_unavailable",
+        Self::of(
+            ErrorCode::ArbiterUnavailable,
             "the arbiter is not answering; retry shortly",
         )
     }
@@ -111,28 +217,36 @@ impl From<actix::MailboxError> for ApiError {
 impl From<ArbiterError> for ApiError {
     fn from(error: ArbiterError) -> Self {
         use ArbiterError as E;
-        let (status, code) = match &error {
-            E::AppNotActive(_) => (StatusCode::CONFLICT, "app_not_active"),
-            E::ForeignApp(_) => (StatusCode::FORBIDDEN, "foreign_app"),
-            E::DuplicateAppName(_) => (StatusCode::CONFLICT, "duplicate_app_name"),
-            E::InvalidApp(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_app"),
-            E::Progress(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_progress"),
-            E::UnknownRound(_) => (StatusCode::NOT_FOUND, "unknown_round"),
-            E::RoundClosed(_) => (StatusCode::CONFLICT, "round_closed"),
-            E::NotABidder { .. } => (StatusCode::CONFLICT, "not_a_bidder"),
-            E::TableTooLarge { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "bid_table_too_large"),
-            E::InvalidBid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_bid"),
-            E::AlreadyBid { .. } => (StatusCode::CONFLICT, "already_bid"),
-            E::LeaseNotActive(_) => (StatusCode::CONFLICT, "lease_not_active"),
-            E::UnknownGpu(_) => (StatusCode::NOT_FOUND, "unknown_gpu"),
-            E::UnknownHost(_) => (StatusCode::NOT_FOUND, "unknown_host"),
-            E::InvalidRegistration(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_registration"),
-            E::InvalidHeartbeat(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_heartbeat"),
+        use ErrorCode as C;
+        let code = match &error {
+            E::AppNotActive(_) => C::AppNotActive,
+            // Another tenant's app is answered as if it did not exist: ids cannot be probed.
+            E::ForeignApp(app) => return Self::not_found(format!("app {app} does not exist")),
+            E::DuplicateAppName(_) => C::DuplicateAppName,
+            E::InvalidApp(_) => C::InvalidApp,
+            E::Progress(_) => C::InvalidProgress,
+            E::InvalidAllocation(_) => C::InvalidAllocation,
+            E::UnknownRound(_) => C::UnknownRound,
+            E::RoundClosed(_) => C::RoundClosed,
+            E::NotABidder { .. } => C::NotABidder,
+            E::TableTooLarge { .. } => C::BidTableTooLarge,
+            E::InvalidBid(_) => C::InvalidBid,
+            E::AlreadyBid { .. } => C::AlreadyBid,
+            E::IdempotencyKeyReused { .. } => C::IdempotencyKeyReused,
+            E::LeaseNotActive(_) => C::LeaseNotActive,
+            E::UnknownGpu(_) => C::UnknownGpu,
+            E::UnknownHost(_) => C::UnknownHost,
+            E::InvalidRegistration(_) => C::InvalidRegistration,
+            E::InvalidHeartbeat(_) => C::InvalidHeartbeat,
             E::Store(_) | E::Internal(_) => {
+                // The reason stays in the log: no database or internal text reaches a client.
                 tracing::error!(%error, "arbiter failure");
-                (StatusCode::SERVICE_UNAVAILABLE, "arbiter_failure")
+                return Self::of(
+                    C::ArbiterFailure,
+                    "the arbiter could not complete the request; retry shortly",
+                );
             }
         };
-        Self::new(status, code, error.to_string())
+        Self::of(code, error.to_string())
     }
 }

@@ -10,7 +10,8 @@ use actix_web::http::StatusCode;
 use actix_web::{post, web, FromRequest, HttpRequest, HttpResponse};
 use agora_protocol::{Heartbeat, HeartbeatReply, HostRegistration, Registered};
 
-use super::problem::{ApiError, Problem};
+use super::body::Body;
+use super::problem::{ApiError, ErrorCode, Problem};
 use super::{bearer_sha256, ApiState};
 use crate::actors::hosts::{HostHeartbeat, RegisterHost};
 
@@ -30,13 +31,13 @@ impl FromRequest for WorkerCaller {
         let verdict = match (expected, presented) {
             (None, _) => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
-                "workers_disabled",
+                ErrorCode::WorkersDisabled,
                 "this arbiter takes no GPU hosts: start it with gpus = \"workers\" and a worker_token",
             )),
             (Some(expected), Some(presented)) if expected == presented => Ok(Self),
             _ => Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                ErrorCode::Unauthorized,
                 "send `Authorization: Bearer <worker token>` (the arbiter's worker_token, AGORA_WORKER_TOKEN)",
             )),
         };
@@ -67,11 +68,11 @@ impl FromRequest for WorkerCaller {
 pub async fn register(
     state: web::Data<ApiState>,
     _worker: WorkerCaller,
-    body: web::Json<HostRegistration>,
+    body: Body<HostRegistration>,
 ) -> Result<HttpResponse, ApiError> {
     let registration = body.into_inner();
     check_registration(&registration)
-        .map_err(|reason| ApiError::unprocessable("invalid_registration", reason))?;
+        .map_err(|reason| ApiError::unprocessable(ErrorCode::InvalidRegistration, reason))?;
     let registered = state.arbiter.send(RegisterHost { registration }).await??;
     Ok(HttpResponse::Ok().json(registered))
 }
@@ -103,7 +104,7 @@ pub async fn heartbeat(
     state: web::Data<ApiState>,
     _worker: WorkerCaller,
     host: web::Path<String>,
-    body: web::Json<Heartbeat>,
+    body: Body<Heartbeat>,
 ) -> Result<HttpResponse, ApiError> {
     let reply = state
         .arbiter

@@ -192,6 +192,8 @@ pub struct StoredRound {
     pub bids: Vec<StoredBid>,
     pub allocations: Vec<super::AllocationRow>,
     pub unallocated: Vec<String>,
+    /// Apps of the standings that left before the round was decided (bids withdrawn).
+    pub departed: Vec<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -228,11 +230,12 @@ impl Store {
         .await?)
     }
 
-    pub async fn apps_of(&self, tenant: i64) -> Result<Vec<AppRow>, StoreError> {
+    /// The tenant's apps (`None`: every tenant's), finished ones included.
+    pub async fn apps_of(&self, tenant: Option<i64>) -> Result<Vec<AppRow>, StoreError> {
         Ok(sqlx::query_as!(
             AppRow,
             "SELECT id, tenant_id, name, kind, bidding, arrived_at, finished_at FROM apps
-             WHERE tenant_id = $1 ORDER BY id",
+             WHERE $1::bigint IS NULL OR tenant_id = $1 ORDER BY id",
             tenant
         )
         .fetch_all(&self.pool)
@@ -437,7 +440,7 @@ impl Store {
     pub async fn stored_round(&self, id: i64) -> Result<Option<StoredRound>, StoreError> {
         let Some(round) = sqlx::query!(
             "SELECT id, status, opened_at, deadline, seed::text AS \"seed!\", engine_version,
-                    leftover_policy, offer, standings, holds, claims, unallocated
+                    leftover_policy, offer, standings, holds, claims, unallocated, departed
              FROM rounds WHERE id = $1",
             id
         )
@@ -485,13 +488,58 @@ impl Store {
             bids: self.bids_of_round(id).await?,
             allocations,
             unallocated: round.unallocated.unwrap_or_default(),
+            departed: round.departed,
         }))
     }
 
+    /// Cancels every statement of an auditor (a member of `agora_auditor`, not a superuser)
+    /// that has run longer than `limit`; returns how many. An auditor can set its own
+    /// `statement_timeout` (Postgres lets any role), so the limit is enforced from here.
+    pub async fn cancel_overlong_auditor_statements(
+        &self,
+        limit: std::time::Duration,
+    ) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar!(
+            r#"SELECT count(*) FILTER (WHERE pg_cancel_backend(a.pid)) AS "cancelled!"
+               FROM pg_stat_activity a JOIN pg_roles r ON r.oid = a.usesysid
+               WHERE a.state = 'active' AND NOT r.rolsuper AND a.pid <> pg_backend_pid()
+                 AND pg_has_role(a.usesysid, 'agora_auditor', 'MEMBER')
+                 AND clock_timestamp() - a.query_start > make_interval(secs => $1)"#,
+            limit.as_secs_f64()
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// Bid `id` as stored (its table possibly empty).
+    pub async fn bid(&self, id: i64) -> Result<Option<StoredBid>, StoreError> {
+        let rows = sqlx::query!(
+            "SELECT b.app_id, b.rho_old, e.gpus AS \"gpus?\", e.rho AS \"rho?\" FROM bids b
+             LEFT JOIN bid_entries e ON e.bid_id = b.id
+             WHERE b.id = $1 ORDER BY e.entry",
+            id
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut bid: Option<StoredBid> = None;
+        for row in rows {
+            let bid = bid.get_or_insert_with(|| StoredBid {
+                app_id: row.app_id,
+                rho_old: row.rho_old,
+                entries: Vec::new(),
+            });
+            if let (Some(gpus), Some(rho)) = (row.gpus, row.rho) {
+                bid.entries.push((gpus, rho));
+            }
+        }
+        Ok(bid)
+    }
+
+    /// Every bid of the round, by app, those with an empty table included.
     pub async fn bids_of_round(&self, round: i64) -> Result<Vec<StoredBid>, StoreError> {
         let rows = sqlx::query!(
-            "SELECT b.app_id, b.rho_old, e.gpus, e.rho FROM bids b
-             JOIN bid_entries e ON e.bid_id = b.id
+            "SELECT b.app_id, b.rho_old, e.gpus AS \"gpus?\", e.rho AS \"rho?\" FROM bids b
+             LEFT JOIN bid_entries e ON e.bid_id = b.id
              WHERE b.round_id = $1 ORDER BY b.app_id, e.entry",
             round
         )
@@ -506,8 +554,9 @@ impl Store {
                     entries: Vec::new(),
                 });
             }
-            if let Some(bid) = bids.last_mut() {
-                bid.entries.push((row.gpus, row.rho));
+            // A bid with an empty table is a row of its own: it counts in the round.
+            if let (Some(bid), Some(gpus), Some(rho)) = (bids.last_mut(), row.gpus, row.rho) {
+                bid.entries.push((gpus, rho));
             }
         }
         Ok(bids)

@@ -60,6 +60,8 @@ pub struct ClosedRound {
     pub agent_bids: Vec<(i64, AppBid)>,
     pub allocations: Vec<AllocationRow>,
     pub unallocated: Vec<String>,
+    /// Apps of the standings that left before the round was decided (bids withdrawn).
+    pub departed: Vec<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -341,13 +343,14 @@ async fn write_closed_round(
 ) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "UPDATE rounds SET status = 'closed', closed_at = $2, holds = $3, unallocated = $4,
-                           claims = $5
+                           claims = $5, departed = $6
          WHERE id = $1",
         round.id,
         to_datetime(round.closed_at),
         round.holds,
         &round.unallocated,
-        round.claims
+        round.claims,
+        &round.departed
     )
     .execute(&mut **tx)
     .await?;
