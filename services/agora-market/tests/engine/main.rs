@@ -5,6 +5,7 @@ mod baselines;
 mod bids;
 mod hosts;
 mod market;
+mod progress;
 mod replay;
 mod restore;
 mod support;
