@@ -10,7 +10,6 @@ import pytest
 from agora_client import (
     ApiError,
     AsyncClient,
-    BadRequest,
     Client,
     Conflict,
     NotFound,
@@ -96,10 +95,10 @@ def test_malformed_progress_raises_and_changes_nothing(server: Server, tenant: C
     assert raised.value.code == "invalid_progress" and "no-such-trial" in raised.value.detail
     with pytest.raises(Unprocessable, match="went back"):
         tenant.report_progress(app.id, [models.JobProgress("trial-0", 3)])
-    # Not even the right shape: a negative count is no JSON the server reads.
-    with pytest.raises(BadRequest) as malformed:
+    # Not even the right shape: a negative count is JSON, but not a body the server takes.
+    with pytest.raises(Unprocessable) as malformed:
         tenant.report_progress(app.id, [models.JobProgress("trial-1", -1)])
-    assert malformed.value.code == "malformed_json" and "`-1`, expected u64" in malformed.value.detail
+    assert malformed.value.code == "invalid_body" and "`-1`, expected u64" in malformed.value.detail
     rows = server.query(f"SELECT name, completed_iterations FROM jobs WHERE app_id = {app.id} ORDER BY name")
     assert rows == [
         {"name": "trial-0", "completed_iterations": 10},

@@ -53,7 +53,7 @@ class Unauthorized(ApiError):
 
 
 class Forbidden(ApiError):
-    """403: the token may not do this (admin only, another tenant's app)."""
+    """403: the token may not do this (an admin-only call). Another tenant's app is a 404."""
 
 
 class NotFound(ApiError):
