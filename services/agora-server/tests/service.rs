@@ -998,7 +998,17 @@ async fn bad_input_is_a_precise_4xx_naming_the_field_and_never_database_text() {
     let halving = json!({ "name": "grows", "app": { "kind": "successive_halving",
         "budget_gpu_seconds": 100.0, "phase_iterations": [10, 10, 10], "jobs_per_phase": [4, 8, 1],
         "jobs": (0..8).map(|index| job(&format!("j{index}"))["job"].clone()).collect::<Vec<_>>() } });
-    let cases: Vec<(&str, String, &str, Option<Value>, u16, &str, &str)> = vec![
+    // (method, path, token, body, status, code, what the detail names)
+    type Case<'a> = (
+        &'a str,
+        String,
+        &'a str,
+        Option<Value>,
+        u16,
+        &'a str,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
         (
             "POST",
             "/v1/tenants".into(),
