@@ -17,7 +17,8 @@ $$;
 REVOKE EXECUTE ON FUNCTION pg_notify(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pg_notify(text, text) TO CURRENT_USER;
 
--- The statement timeout: Postgres lets any role set its own `statement_timeout`, so the
--- arbiter cancels auditors' statements that run longer than `auditor_statement_timeout_ms`
--- (services/agora-server/src/server.rs, `watch_auditors`). A default for direct logins too:
-ALTER ROLE agora_auditor SET statement_timeout = '30s';
+-- The statement timeout: Postgres lets any role set its own `statement_timeout`, and a role's
+-- settings do not pass to its members, so the arbiter cancels auditors' statements that run
+-- longer than `auditor_statement_timeout_ms` (services/agora-server/src/server.rs,
+-- `watch_auditors`). No `ALTER ROLE agora_auditor SET ...` here: roles are shared by every
+-- database of the cluster, and concurrent migrations of two databases collided on it.
