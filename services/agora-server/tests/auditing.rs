@@ -110,21 +110,16 @@ async fn the_documented_queries_run_as_the_auditor_and_the_role_is_read_only() {
         }
     }
 
-    for forbidden in [
-        "SELECT * FROM api_tokens",
-        "DELETE FROM round_allocations",
-        "UPDATE leases SET state = 'revoked'",
-        "INSERT INTO tenants (name) VALUES ('mallory')",
-    ] {
-        let error = as_auditor(&mut connection, forbidden)
-            .await
-            .expect_err(forbidden);
-        assert_eq!(
-            sqlstate(&error).as_deref(),
-            Some("42501"),
-            "{forbidden}: {error}"
-        );
-    }
+    assert_denied_to_the_auditor(
+        &mut connection,
+        &[
+            "SELECT * FROM api_tokens",
+            "DELETE FROM round_allocations",
+            "UPDATE leases SET state = 'revoked'",
+            "INSERT INTO tenants (name) VALUES ('mallory')",
+        ],
+    )
+    .await;
     service.running.stop().await;
 }
 
@@ -206,20 +201,15 @@ async fn the_auditor_cannot_create_temp_tables_notify_or_outrun_its_statement_ti
     };
     let service = serve(&settings, start_clock()).await;
     let mut connection = PgConnection::connect(&database).await.expect("connect");
-    for forbidden in [
-        "CREATE TEMP TABLE scratch (x int)",
-        "CREATE TEMPORARY TABLE scratch AS SELECT 1",
-        "SELECT pg_notify('agora_token_changes', '')",
-    ] {
-        let error = as_auditor(&mut connection, forbidden)
-            .await
-            .expect_err(forbidden);
-        assert_eq!(
-            sqlstate(&error).as_deref(),
-            Some("42501"),
-            "{forbidden}: {error}"
-        );
-    }
+    assert_denied_to_the_auditor(
+        &mut connection,
+        &[
+            "CREATE TEMP TABLE scratch (x int)",
+            "CREATE TEMPORARY TABLE scratch AS SELECT 1",
+            "SELECT pg_notify('agora_token_changes', '')",
+        ],
+    )
+    .await;
 
     let (role, auditor_url) = auditor_login(&database, "limits").await;
     let mut auditor = PgConnection::connect(&auditor_url)
@@ -251,4 +241,18 @@ async fn the_auditor_cannot_create_temp_tables_notify_or_outrun_its_statement_ti
         .execute(&mut connection)
         .await
         .expect("drop role");
+}
+
+/// Each statement, run as the auditor, fails for want of privilege (SQLSTATE 42501).
+async fn assert_denied_to_the_auditor(connection: &mut PgConnection, statements: &[&str]) {
+    for &forbidden in statements {
+        let error = as_auditor(connection, forbidden)
+            .await
+            .expect_err(forbidden);
+        assert_eq!(
+            sqlstate(&error).as_deref(),
+            Some("42501"),
+            "{forbidden}: {error}"
+        );
+    }
 }

@@ -730,6 +730,24 @@ async fn a_renewed_lease_keeps_its_gpus() {
     service.running.stop().await;
 }
 
+/// Databases of one Postgres cluster are migrated at the same time (several arbiters, or these
+/// tests in parallel): no migration may update an object the whole cluster shares, such as a
+/// role's settings, or two of them fail with "tuple concurrently updated" (CI failed so).
+#[actix_web::test]
+async fn many_databases_of_one_cluster_migrate_at_once() {
+    let mut databases = Vec::new();
+    for _ in 0..8 {
+        databases.push(fresh_database().await);
+    }
+    let migrations = databases.iter().map(|database| Store::connect(database));
+    for (database, migrated) in databases
+        .iter()
+        .zip(futures_util::future::join_all(migrations).await)
+    {
+        migrated.unwrap_or_else(|error| panic!("{database}: {error}"));
+    }
+}
+
 /// Once a decision cannot be written, no later one is: the database keeps an exact prefix of
 /// the arbiter's decisions (a later one was made on the state the failed one left in memory).
 /// A flush answers once everything queued before it is done.
@@ -913,12 +931,7 @@ async fn decided(service: &support::Service, round: i64) -> Value {
 /// Time moves only by the manual clock.
 #[actix_web::test]
 async fn a_tenant_finishing_apps_mid_round_never_stops_another_tenants_rounds() {
-    let database = fresh_database().await;
-    let config = agora_server::config::ServerConfig {
-        fairness_knob: 0.0,
-        ..config(&database)
-    };
-    let service = serve(&config, start_clock()).await;
+    let service = every_app_bids().await;
     let turns = [Turn::OtherFinishesMidRound; 3];
     let rounds = turns_of_a_contested_market(&service, &turns).await;
     assert_eq!(rounds.len(), 3);
@@ -928,13 +941,27 @@ async fn a_tenant_finishing_apps_mid_round_never_stops_another_tenants_rounds() 
             .await
             .expect("count");
     assert_eq!(abandoned, 0, "no round was abandoned");
+    assert_replay_exactly(&service, rounds).await;
+    service.running.stop().await;
+}
+
+/// The service with f = 0: every app wanting GPUs bids in every round.
+async fn every_app_bids() -> support::Service {
+    let database = fresh_database().await;
+    let config = agora_server::config::ServerConfig {
+        fairness_knob: 0.0,
+        ..config(&database)
+    };
+    serve(&config, start_clock()).await
+}
+
+async fn assert_replay_exactly(service: &support::Service, rounds: Vec<i64>) {
     for round in rounds {
         let replay = replay_round(&service.running.store, round)
             .await
             .expect("replay");
         assert!(replay.matches, "round {round}: {:?}", replay.differences);
     }
-    service.running.stop().await;
 }
 
 /// D3: every kind of round replays exactly, with zero false mismatches: an explicit bid that
@@ -942,12 +969,7 @@ async fn a_tenant_finishing_apps_mid_round_never_stops_another_tenants_rounds() 
 /// (the agent's fallback), a bidder that left mid-round.
 #[actix_web::test]
 async fn a_history_with_every_kind_of_round_replays_without_a_mismatch() {
-    let database = fresh_database().await;
-    let config = agora_server::config::ServerConfig {
-        fairness_knob: 0.0,
-        ..config(&database)
-    };
-    let service = serve(&config, start_clock()).await;
+    let service = every_app_bids().await;
     let turns = [
         Turn::Contested,
         Turn::EmptyTable,
@@ -973,12 +995,7 @@ async fn a_history_with_every_kind_of_round_replays_without_a_mismatch() {
         empty_tables >= 1,
         "the history has a bid with an empty table"
     );
-    for round in rounds {
-        let replay = replay_round(&service.running.store, round)
-            .await
-            .expect("replay");
-        assert!(replay.matches, "round {round}: {:?}", replay.differences);
-    }
+    assert_replay_exactly(&service, rounds).await;
     service.running.stop().await;
 }
 
