@@ -25,6 +25,7 @@ impl From<&str> for AppId {
 }
 
 /// Multiplicative slowdown S >= 1 of a job's iterations for each locality level of its GPUs.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PlacementSlowdown {
     pub same_slot: f64,
@@ -93,6 +94,7 @@ pub struct JobInfo {
 pub const MIN_ITERATION_SECONDS: f64 = 1e-6;
 
 /// One training job of an app.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Job {
@@ -176,6 +178,7 @@ pub trait PerformanceCurveAgent {
 
 /// A successive-halving search (Hyperband, Vizier): phase p runs `jobs_per_phase[p]` jobs for
 /// `phase_iterations[p]` more iterations each; the rest are stopped at the phase's end.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SuccessiveHalving {
@@ -266,12 +269,14 @@ impl SuccessiveHalvingAgent for SuccessiveHalving {
 
 /// A search whose HPO framework stops each job at an iteration it predicts from the job's
 /// learning curve (Hyperdrive, Vizier).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PerformanceCurve {
     pub jobs: Vec<CurveJob>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CurveJob {
@@ -317,6 +322,74 @@ pub enum AppKind {
     SingleJob { job: Job },
     SuccessiveHalving(SuccessiveHalving),
     PerformanceCurve(PerformanceCurve),
+}
+
+/// `AppKind`'s schema: one object per kind, `kind` beside the kind's own fields, as serde reads
+/// it. (A derived schema would put `kind` in an `allOf` beside a schema that refuses unknown
+/// fields, which no object satisfies.)
+#[cfg(feature = "openapi")]
+mod app_kind_schema {
+    use std::borrow::Cow;
+
+    use utoipa::openapi::schema::{
+        AdditionalProperties, ObjectBuilder, OneOfBuilder, Schema, Type,
+    };
+    use utoipa::openapi::{Ref, RefOr};
+    use utoipa::{PartialSchema, ToSchema};
+
+    use super::{AppKind, Job, PerformanceCurve, SuccessiveHalving};
+
+    fn kind(name: &str) -> ObjectBuilder {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some([name]))
+    }
+
+    /// `T`'s fields with `kind` added.
+    fn variant<T: PartialSchema>(name: &str) -> Schema {
+        let RefOr::T(Schema::Object(mut object)) = T::schema() else {
+            unreachable!("the derived schema of a struct with named fields is an object")
+        };
+        object
+            .properties
+            .insert("kind".to_owned(), kind(name).into());
+        object.required.insert(0, "kind".to_owned());
+        Schema::Object(object)
+    }
+
+    impl PartialSchema for AppKind {
+        fn schema() -> RefOr<Schema> {
+            let single_job = ObjectBuilder::new()
+                .description(Some("One training job."))
+                .property("kind", kind("single_job"))
+                .property("job", Ref::from_schema_name(Job::name()))
+                .required("kind")
+                .required("job")
+                .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+            OneOfBuilder::new()
+                .description(Some(
+                    "The search, by `kind`, with its jobs (the engine's app format, \
+                     docs/simulator-inputs.md).",
+                ))
+                .item(single_job)
+                .item(variant::<SuccessiveHalving>("successive_halving"))
+                .item(variant::<PerformanceCurve>("performance_curve"))
+                .into()
+        }
+    }
+
+    impl ToSchema for AppKind {
+        fn name() -> Cow<'static, str> {
+            Cow::Borrowed("AppKind")
+        }
+
+        fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+            schemas.push((Job::name().into_owned(), Job::schema()));
+            <Job as ToSchema>::schemas(schemas);
+            <SuccessiveHalving as ToSchema>::schemas(schemas);
+            <PerformanceCurve as ToSchema>::schemas(schemas);
+        }
+    }
 }
 
 /// An app: one tenant's search, the unit the market is fair to.

@@ -7,6 +7,7 @@ use crate::app::{App, AppKind, Job};
 use crate::topology::Locality;
 
 /// One job's progress, as a framework reports it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobProgress {
@@ -21,6 +22,7 @@ pub struct JobProgress {
 }
 
 /// A measured iteration time: `seconds_per_iteration` on `gpus` GPUs placed at `locality`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ObservedIterations {

@@ -24,6 +24,7 @@ impl From<&str> for GpuId {
 }
 
 /// How far apart a set of GPUs is. Ordered from best to worst placement.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Locality {
@@ -70,6 +71,7 @@ impl Locality {
 
 /// Where a GPU sits. Slot and machine numbers are unique across the whole cluster, so two GPUs
 /// share a slot exactly when their `slot` fields are equal.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct GpuLocation {
     pub rack: u32,

@@ -129,3 +129,147 @@ fn every_error_answer_is_a_documented_problem_and_streams_are_event_streams() {
     let code = &document["components"]["schemas"]["Problem"]["properties"]["code"];
     assert_eq!(code["$ref"], "#/components/schemas/ErrorCode", "{code}");
 }
+
+/// Every schema of the served document says what it holds: no `object` without properties or
+/// typed values, and no schema that admits any JSON (a client generated from the document gets
+/// a type for every field: the app description, progress reports, event payloads included).
+#[test]
+fn the_openapi_document_is_fully_typed() {
+    use serde_json::Value;
+
+    /// Collects the schemas at and under `schema` (found at `at`) that leave their content open.
+    fn untyped(schema: &Value, at: &str, found: &mut Vec<String>) {
+        let Some(fields) = schema.as_object() else {
+            return;
+        };
+        for combinator in ["oneOf", "anyOf", "allOf"] {
+            for (index, item) in fields
+                .get(combinator)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                untyped(item, &format!("{at}/{combinator}/{index}"), found);
+            }
+        }
+        for (name, property) in fields
+            .get("properties")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            untyped(property, &format!("{at}/properties/{name}"), found);
+        }
+        for key in ["items", "additionalProperties"] {
+            if let Some(inner) = fields.get(key) {
+                untyped(inner, &format!("{at}/{key}"), found);
+            }
+        }
+        let says_what = ["$ref", "oneOf", "anyOf", "allOf", "enum", "const"]
+            .iter()
+            .any(|key| fields.contains_key(*key));
+        let types: Vec<&str> = match fields.get("type") {
+            Some(Value::String(name)) => vec![name.as_str()],
+            Some(Value::Array(names)) => names.iter().filter_map(Value::as_str).collect(),
+            _ => Vec::new(),
+        };
+        let open_object = types.contains(&"object")
+            && fields
+                .get("properties")
+                .and_then(Value::as_object)
+                .is_none_or(|properties| properties.is_empty())
+            && !fields
+                .get("additionalProperties")
+                .is_some_and(Value::is_object);
+        if (types.is_empty() && !says_what) || open_object {
+            found.push(format!("{at}: {schema}"));
+        }
+    }
+
+    /// Every schema the document uses: the named ones, parameters', bodies' and answers'.
+    fn schemas_of(value: &Value, at: &str, found: &mut Vec<String>) {
+        match value {
+            Value::Object(fields) => {
+                for (key, inner) in fields {
+                    let here = format!("{at}/{key}");
+                    if key == "schema" {
+                        untyped(inner, &here, found);
+                    } else {
+                        schemas_of(inner, &here, found);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (index, item) in items.iter().enumerate() {
+                    schemas_of(item, &format!("{at}/{index}"), found);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    let document = serde_json::to_value(ApiDoc::openapi()).expect("the document serialises");
+    let mut found = Vec::new();
+    schemas_of(&document["paths"], "#/paths", &mut found);
+    let named = document["components"]["schemas"]
+        .as_object()
+        .expect("named schemas");
+    for (name, schema) in named {
+        untyped(schema, &format!("#/components/schemas/{name}"), &mut found);
+    }
+    assert!(found.is_empty(), "untyped schemas: {found:#?}");
+    for expected in [
+        "AppKind",
+        "Job",
+        "JobProgress",
+        "EventPayload",
+        "OfferEvent",
+    ] {
+        assert!(named.contains_key(expected), "no schema {expected}");
+    }
+}
+
+/// Every operation documents its success and every problem a request of its shape can get
+/// (`401` and `503` always, `400` with a query, header or body, `404` with a path parameter,
+/// `413` and `422` with a body): a client generated from the document knows each status.
+#[test]
+fn every_operation_documents_its_statuses() {
+    let document = serde_json::to_value(ApiDoc::openapi()).expect("the document serialises");
+    let mut missing = Vec::new();
+    for (path, item) in document["paths"].as_object().expect("paths") {
+        for (method, operation) in item.as_object().expect("an item") {
+            let responses = operation["responses"].as_object().expect("responses");
+            let parameters: Vec<&str> = operation["parameters"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|parameter| parameter["in"].as_str())
+                .collect();
+            let takes_body = operation.get("requestBody").is_some();
+            let mut expected = vec!["401", "503"];
+            if takes_body
+                || parameters
+                    .iter()
+                    .any(|at| matches!(*at, "query" | "header"))
+            {
+                expected.push("400");
+            }
+            if parameters.contains(&"path") {
+                expected.push("404");
+            }
+            if takes_body {
+                expected.extend(["413", "422"]);
+            }
+            if !responses.keys().any(|status| status.starts_with('2')) {
+                missing.push(format!("{method} {path}: no success"));
+            }
+            for status in expected {
+                if !responses.contains_key(status) {
+                    missing.push(format!("{method} {path}: no {status}"));
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{missing:#?}");
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, ClusterSpec};
 use agora_server::audit::replay_round;
-use agora_server::store::{AppEvent, Commit, Store, Writer};
+use agora_server::store::{AppEvent, Commit, EventPayload, LeaseEndedEvent, Store, Writer};
 use serde_json::{json, Value};
 use support::{active, config, fresh_database, serve, start_clock, ADMIN};
 
@@ -764,8 +764,12 @@ async fn after_a_failed_decision_the_writer_writes_nothing_later() {
     let refused = Commit {
         events: vec![AppEvent {
             app: 999_999,
-            kind: "lease_ended",
-            payload: json!({}),
+            payload: EventPayload::LeaseEnded(LeaseEndedEvent {
+                lease: 1,
+                state: "expired".to_owned(),
+                gpus: Vec::new(),
+                reason: None,
+            }),
         }],
         ..Commit::default()
     };

@@ -9,12 +9,14 @@ use agora_market::lease::Lease;
 use agora_market::market::{Market, RoundOffer, RoundOutcome};
 use agora_market::time::Timestamp;
 use agora_market::topology::GpuId;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::ArbiterError;
 use crate::clock::to_datetime;
 use crate::store::{
-    app_key, AllocationRow, AppEvent, ClosedRound, Commit, LeaseRecord, OpenedRound, StandingRow,
+    app_key, AllocationRow, AppEvent, ClosedRound, Commit, EventPayload, LeaseEndedEvent,
+    LeaseGrantedEvent, LeaseRecord, OfferEvent, OfferedGpu, OpenedRound, RoundResultEvent,
+    StandingRow,
 };
 
 pub fn lease_record(market: &Market, lease: &Lease) -> Result<LeaseRecord, ArbiterError> {
@@ -54,25 +56,27 @@ pub fn opened_round(
             })
         })
         .collect::<Result<Vec<_>, ArbiterError>>()?;
-    let offered: Vec<Value> = offer
+    let offered: Vec<OfferedGpu> = offer
         .offer
         .offer
         .gpus
         .iter()
-        .map(|gpu| json!({ "id": gpu.id, "location": gpu.location }))
+        .map(|gpu| OfferedGpu {
+            id: gpu.id.0.clone(),
+            location: gpu.location,
+        })
         .collect();
     let events = standing_rows
         .iter()
         .filter(|row| row.bidder)
         .map(|row| AppEvent {
             app: row.app,
-            kind: "offer",
-            payload: json!({
-                "round": id,
-                "deadline": to_datetime(deadline),
-                "rho": row.rho,
-                "unmet_demand": row.unmet_demand,
-                "gpus": offered,
+            payload: EventPayload::Offer(OfferEvent {
+                round: id,
+                deadline: to_datetime(deadline),
+                rho: row.rho,
+                unmet_demand: row.unmet_demand,
+                gpus: offered.clone(),
             }),
         })
         .collect();
@@ -125,25 +129,23 @@ pub fn closed_round(
         .iter()
         .map(|row| AppEvent {
             app: row.app,
-            kind: "round_result",
-            payload: json!({
-                "round": id,
-                "pf_entry": row.pf_entry,
-                "c": row.c,
-                "kept_gpus": row.kept_gpus,
-                "leftover_gpus": row.leftover_gpus,
+            payload: EventPayload::RoundResult(RoundResultEvent {
+                round: id,
+                pf_entry: row.pf_entry,
+                c: row.c,
+                kept_gpus: row.kept_gpus.clone(),
+                leftover_gpus: row.leftover_gpus.clone(),
             }),
         })
         .collect();
     events.extend(granted.iter().map(|lease| AppEvent {
         app: lease.app,
-        kind: "lease_granted",
-        payload: json!({
-            "lease": lease.id,
-            "round": id,
-            "gpus": lease.gpus,
-            "start": to_datetime(lease.start),
-            "end": to_datetime(lease.end),
+        payload: EventPayload::LeaseGranted(LeaseGrantedEvent {
+            lease: lease.id,
+            round: id,
+            gpus: lease.gpus.clone(),
+            start: to_datetime(lease.start),
+            end: to_datetime(lease.end),
         }),
     }));
     let agent_bids = agent_bids
@@ -226,12 +228,11 @@ pub fn ended_leases(
         .iter()
         .map(|lease| AppEvent {
             app: lease.app,
-            kind: "lease_ended",
-            payload: json!({
-                "lease": lease.id,
-                "state": crate::store::lease_state_name(lease.state),
-                "gpus": lease.gpus,
-                "reason": reason,
+            payload: EventPayload::LeaseEnded(LeaseEndedEvent {
+                lease: lease.id,
+                state: crate::store::lease_state_name(lease.state).to_owned(),
+                gpus: lease.gpus.clone(),
+                reason: reason.map(str::to_owned),
             }),
         })
         .collect();

@@ -21,7 +21,8 @@ use super::records;
 use super::ArbiterError;
 use crate::clock::to_datetime;
 use crate::store::{
-    app_id, app_key, BidInsert, Commit, NewApp, NewBid, ProgressSample, StoreError,
+    app_id, app_key, BidInsert, Commit, EventPayload, NewApp, NewBid, ProgressSample,
+    RevocationNoticeEvent, StoreError,
 };
 
 fn refuse<T: 'static>(error: ArbiterError) -> Reply<T> {
@@ -648,12 +649,11 @@ impl Arbiter {
             commit.notices.push((lease.id.0 as i64, reason.clone()));
             commit.events.push(crate::store::AppEvent {
                 app: app_key(&lease.app)?,
-                kind: "revocation_notice",
-                payload: serde_json::json!({
-                    "lease": lease.id.0,
-                    "gpu": self.market.cluster().gpu(gpu).id,
-                    "revoke_at": to_datetime(at),
-                    "reason": reason,
+                payload: EventPayload::RevocationNotice(RevocationNoticeEvent {
+                    lease: lease.id.0 as i64,
+                    gpu: self.market.cluster().gpu(gpu).id.0.clone(),
+                    revoke_at: to_datetime(at),
+                    reason: reason.clone(),
                 }),
             });
         }

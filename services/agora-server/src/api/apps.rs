@@ -38,7 +38,6 @@ pub struct RegisterBody {
     pub bidding: String,
     /// The search: `single_job`, `successive_halving` or `performance_curve`, with its jobs
     /// (the engine's app format, `docs/simulator-inputs.md`).
-    #[schema(value_type = Object)]
     pub app: AppKind,
     /// How GPU hosts enforce the app's leases: `{"mode": "watch"}` (default: the app runs its
     /// jobs; the worker reports foreign processes on leased GPUs) or `{"mode": "launch",
@@ -102,7 +101,7 @@ pub async fn list_apps(
 }
 
 #[utoipa::path(get, path = "/v1/apps/{app}", params(("app" = i64, Path)),
-    responses((status = 200, body = AppRow), (status = 403, body = Problem), (status = 404, body = Problem)))]
+    responses((status = 200, body = AppRow), (status = 404, body = Problem)))]
 #[get("/v1/apps/{app}")]
 pub async fn get_app(
     state: web::Data<ApiState>,
@@ -117,7 +116,6 @@ pub async fn get_app(
 #[schema(example = json!({"jobs": [{"job": "trial-0", "completed_iterations": 120,
     "observed": {"locality": "same_machine", "gpus": 2, "seconds_per_iteration": 0.27}}]}))]
 pub struct ProgressBody {
-    #[schema(value_type = Vec<Object>)]
     pub jobs: Vec<JobProgress>,
 }
 
@@ -179,7 +177,6 @@ pub struct RhoBody {
     /// Hypothetical progress (as in `POST /v1/apps/{app}/progress`), applied to a copy of the
     /// app before projecting; nothing is stored.
     #[serde(default)]
-    #[schema(value_type = Vec<Object>)]
     pub progress: Vec<JobProgress>,
 }
 

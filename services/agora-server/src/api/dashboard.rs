@@ -88,8 +88,7 @@ pub struct HistoryQuery {
 /// The app's rho at the start of every round it was active in, oldest first (`null`: it held
 /// no GPU, so its finish time was unbounded).
 #[utoipa::path(get, path = "/v1/apps/{app}/rho-history", params(("app" = i64, Path), HistoryQuery),
-    responses((status = 200, body = Vec<RhoPoint>), (status = 403, body = Problem),
-              (status = 404, body = Problem)))]
+    responses((status = 200, body = Vec<RhoPoint>), (status = 404, body = Problem)))]
 #[get("/v1/apps/{app}/rho-history")]
 pub async fn rho_history(
     state: web::Data<ApiState>,
@@ -114,8 +113,7 @@ pub struct AppRoundsQuery {
 /// The rounds the app took part in (as a bidder, or receiving leftovers), newest first: its
 /// bid table, the proportional-fair choice, its hidden payment c_i and the GPUs it got.
 #[utoipa::path(get, path = "/v1/apps/{app}/rounds", params(("app" = i64, Path), AppRoundsQuery),
-    responses((status = 200, body = Vec<AppRound>), (status = 403, body = Problem),
-              (status = 404, body = Problem)))]
+    responses((status = 200, body = Vec<AppRound>), (status = 404, body = Problem)))]
 #[get("/v1/apps/{app}/rounds")]
 pub async fn app_rounds(
     state: web::Data<ApiState>,

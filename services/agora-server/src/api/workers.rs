@@ -97,6 +97,7 @@ pub async fn register(
         "violations": []
     })),
     responses((status = 200, body = HeartbeatReply), (status = 401, body = Problem),
+              (status = 403, body = Problem, description = "the arbiter runs a simulated fleet"),
               (status = 404, body = Problem, description = "`unknown_host`: register again"),
               (status = 422, body = Problem)))]
 #[post("/v1/workers/{host}/heartbeat")]

@@ -9,7 +9,7 @@ use serde_json::Value;
 use sqlx::postgres::PgListener;
 use utoipa::ToSchema;
 
-use super::{Store, StoreError};
+use super::{EventPayload, Store, StoreError};
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AppRow {
@@ -114,8 +114,10 @@ pub struct RoundDetail {
 pub struct AppEventRow {
     pub id: i64,
     pub at: DateTime<Utc>,
+    /// `offer`, `round_result`, `lease_granted`, `lease_ended` or `revocation_notice`.
     pub kind: String,
-    #[schema(value_type = Object)]
+    /// The kind's payload.
+    #[schema(value_type = EventPayload)]
     pub payload: Value,
 }
 

@@ -5,9 +5,12 @@
 use agora_market::auction::AppBid;
 use agora_market::lease::LeaseState;
 use agora_market::time::Timestamp;
-use agora_market::topology::Cluster;
+use agora_market::topology::{Cluster, GpuLocation};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
 use serde_json::Value;
 use sqlx::{Postgres, Transaction};
+use utoipa::ToSchema;
 
 use super::writer::{insert_bids, BidSource, NewBid};
 use super::{Store, StoreError};
@@ -78,8 +81,91 @@ pub struct AllocationRow {
 #[derive(Debug, Clone)]
 pub struct AppEvent {
     pub app: i64,
-    pub kind: &'static str,
-    pub payload: Value,
+    pub payload: EventPayload,
+}
+
+/// An app event's `payload`; its shape is the event's `kind`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum EventPayload {
+    Offer(OfferEvent),
+    RoundResult(RoundResultEvent),
+    LeaseGranted(LeaseGrantedEvent),
+    LeaseEnded(LeaseEndedEvent),
+    RevocationNotice(RevocationNoticeEvent),
+}
+
+impl EventPayload {
+    /// The event's `kind` (the SSE `event:` field).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Offer(_) => "offer",
+            Self::RoundResult(_) => "round_result",
+            Self::LeaseGranted(_) => "lease_granted",
+            Self::LeaseEnded(_) => "lease_ended",
+            Self::RevocationNotice(_) => "revocation_notice",
+        }
+    }
+}
+
+/// `offer`: the app is a bidder of round `round`, open until `deadline`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OfferEvent {
+    pub round: i64,
+    pub deadline: DateTime<Utc>,
+    /// The app's rho when the round opened; `null` while it is starving.
+    pub rho: Option<f64>,
+    /// GPUs its running jobs could still use.
+    pub unmet_demand: i32,
+    /// The GPUs offered.
+    pub gpus: Vec<OfferedGpu>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OfferedGpu {
+    pub id: String,
+    pub location: GpuLocation,
+}
+
+/// `round_result`: what the app got in round `round`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RoundResultEvent {
+    pub round: i64,
+    /// The index of the bid entry the proportional-fair choice gave it; `null`: none.
+    pub pf_entry: Option<i32>,
+    /// Its hidden-payment share c; `null` if it did not bid.
+    pub c: Option<f64>,
+    pub kept_gpus: Vec<String>,
+    pub leftover_gpus: Vec<String>,
+}
+
+/// `lease_granted`: a lease on `gpus` from `start` to `end`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LeaseGrantedEvent {
+    pub lease: i64,
+    pub round: i64,
+    pub gpus: Vec<String>,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+}
+
+/// `lease_ended`: the lease expired, was released or was revoked (`state`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LeaseEndedEvent {
+    pub lease: i64,
+    pub state: String,
+    pub gpus: Vec<String>,
+    /// Why it was revoked; `null` for a lease that expired or was released.
+    pub reason: Option<String>,
+}
+
+/// `revocation_notice`: the lease's GPU `gpu` leaves service; the lease ends at `revoke_at`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RevocationNoticeEvent {
+    pub lease: i64,
+    pub gpu: String,
+    pub revoke_at: DateTime<Utc>,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone)]
@@ -273,12 +359,17 @@ pub(super) async fn write_commit(
         return Ok(());
     }
     let apps: Vec<i64> = commit.events.iter().map(|event| event.app).collect();
-    let kinds: Vec<&str> = commit.events.iter().map(|event| event.kind).collect();
+    let kinds: Vec<&str> = commit
+        .events
+        .iter()
+        .map(|event| event.payload.kind())
+        .collect();
     let payloads: Vec<Value> = commit
         .events
         .iter()
-        .map(|event| event.payload.clone())
-        .collect();
+        .map(|event| serde_json::to_value(&event.payload))
+        .collect::<Result<_, _>>()
+        .map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
     sqlx::query!(
         "INSERT INTO app_events (app_id, at, kind, payload)
          SELECT app_id, $2, kind, payload FROM unnest($1::bigint[], $3::text[], $4::jsonb[])
