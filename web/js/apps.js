@@ -1,9 +1,10 @@
-// Apps: each app's rho now and over time (with rho = 1), why it has what it has, its leases
-// on a timeline, and every round it took part in with its bid table, PF choice and c_i.
+// Apps: each app's rho now and at the start of each round (with rho = 1), why it has what it
+// has, its leases on a timeline, and every round it took part in with its bid table, PF
+// choice, c_i and the round in one sentence.
 
 import { get } from './api.js';
 import { leaseGantt, rhoChart } from './charts.js';
-import { appColour, gpuList, h, rho, stat, table, time } from './ui.js';
+import { appColour, gpuList, h, place, rho, stat, table, time } from './ui.js';
 
 /** How far back the app's lease timeline reaches. */
 const LEASE_WINDOW_MS = 15 * 60 * 1000;
@@ -25,7 +26,7 @@ export async function showApps(container, context, appId) {
 
 async function renderList(list, context, selected) {
   const fairness = await get('/v1/fairness');
-  const rhoNow = new Map(fairness.apps.filter((app) => app.app_id != null).map((app) => [app.app_id, app.rho]));
+  const atStart = new Map(fairness.apps.filter((app) => app.app_id != null).map((app) => [app.app_id, app.rho]));
   if (!context.me.apps.length) {
     list.replaceChildren(h('li', {}, 'No apps yet: register one with POST /v1/apps.'));
     return;
@@ -35,7 +36,7 @@ async function renderList(list, context, selected) {
       h('span', { class: 'title' }, h('span', { class: 'swatch', style: `background:${appColour(app.id).fill}` }), app.name),
       h('span', { class: 'meta' },
         context.admin ? `${app.tenant} · ` : '',
-        app.finished_at ? 'finished' : `ρ ${rhoNow.has(app.id) ? rho(rhoNow.get(app.id)) : '–'}`)))));
+        app.finished_at ? 'finished' : `ρ at round start ${atStart.has(app.id) ? rho(atStart.get(app.id)) : '–'}`)))));
 }
 
 async function renderDetail(detail, context, appId) {
@@ -54,18 +55,20 @@ async function renderDetail(detail, context, appId) {
   const openBids = new Set([...detail.querySelectorAll('details[open]')].map((node) => node.dataset.round));
   const rhoContainer = detail.querySelector('#rho-chart') ?? h('div', { class: 'chart', id: 'rho-chart', role: 'img' });
   const leaseContainer = detail.querySelector('#app-leases') ?? h('div', { class: 'chart', id: 'app-leases', role: 'img' });
-  rhoContainer.setAttribute('aria-label', `rho of ${app.name} at the start of its last ${history.length} rounds`);
+  rhoContainer.setAttribute('aria-label', `ρ at round start of ${app.name}, its last ${history.length} rounds`);
   leaseContainer.setAttribute('aria-label', `leases of ${app.name} over the last 15 minutes`);
   const standing = why.now;
   detail.replaceChildren(
     h('h3', {}, app.name, context.admin ? ` (tenant ${app.tenant})` : ''),
     h('div', { class: 'stats' },
       stat('ρ now', standing ? rho(standing.rho) : '–', standing && standing.rho != null && standing.rho <= 1 ? 'good' : 'bad'),
-      stat('Position (0 = worst ρ)', standing ? `${standing.position} of ${standing.active_apps}` : '–'),
+      stat('Position now (1 = worst off)', standing ? `${place(standing.position)} of ${standing.active_apps}` : '–'),
       stat('GPUs held', standing ? standing.gpus_held : 0),
       stat('Status', app.finished_at ? 'finished' : 'active')),
     h('p', { class: 'why', id: 'why' }, h('strong', {}, 'Why: '), why.explanation),
-    h('h3', {}, 'ρ over time'),
+    h('p', { class: 'hint' }, 'ρ now: as the app stands at this moment, with the GPUs it holds. ρ at round start: '
+      + 'as it stood when a round opened, which decided who was offered GPUs.'),
+    h('h3', {}, 'ρ at round start, over time'),
     rhoContainer,
     h('h3', {}, 'Leases (last 15 minutes)'),
     leaseContainer,
@@ -86,20 +89,28 @@ function roundsTable(rounds, openBids) {
     h('td', {}, h('a', { href: `#/rounds/${round.round_id}` }, `#${round.round_id}`), h('br'), time(round.opened_at)),
     h('td', { class: 'num' }, rho(round.rho)),
     h('td', {}, round.bid ? bidTable(round, openBids) : round.bidder ? 'no bid' : 'not offered'),
-    h('td', {}, round.won ? h('span', { class: 'won' }, 'won') : h('span', { class: 'lost' }, 'no')),
+    h('td', {}, outcome(round)),
     h('td', {}, gpuList(round.won_gpus), round.leftover_gpus.length ? ` + leftovers ${gpuList(round.leftover_gpus)}` : ''),
-    h('td', { class: 'num' }, round.c == null ? '–' : round.c.toFixed(3))));
+    h('td', { class: 'num' }, round.c == null ? '–' : round.c.toFixed(3)),
+    h('td', { class: 'why-sentence' }, round.why)));
   return h('div', { class: 'table-wrap' }, table('Newest first; c_i is the hidden payment share (the app keeps c_i of its bundle)',
-    ['Round', 'ρ at start', 'Bid table', 'Won?', 'GPUs got', 'c_i'], rows, { id: 'app-rounds' }));
+    ['Round', 'ρ at round start', 'Bid table', 'Got GPUs?', 'GPUs got', 'c_i', 'Why, in words'], rows, { id: 'app-rounds' }));
+}
+
+/** Whether the round gave the app GPUs: in the auction, as leftovers after it, or not at all. */
+function outcome(round) {
+  if (round.won) return h('span', { class: 'won' }, round.leftover_gpus.length ? 'won + leftovers' : 'won');
+  if (round.leftover_gpus.length) return h('span', { class: 'won' }, 'leftovers');
+  return h('span', { class: 'lost' }, 'no');
 }
 
 function bidTable(round, openBids) {
   const { bid } = round;
   const rows = bid.entries.map((entry, index) => h('tr', { class: index === round.pf_entry ? 'chosen' : null },
-    h('td', {}, index, index === round.pf_entry ? ' (PF choice)' : ''),
+    h('td', {}, index + 1, index === round.pf_entry ? ' (PF choice)' : ''),
     h('td', {}, gpuList(entry.gpus)),
     h('td', { class: 'num' }, entry.rho.toFixed(3))));
   return h('details', { 'data-round': round.round_id, open: openBids.has(String(round.round_id)) },
-    h('summary', {}, `${bid.entries.length} bundles, ρ_old ${rho(bid.rho_old)} (${bid.source})`),
+    h('summary', {}, `${bid.entries.length} bundles, ρ if it gets nothing (ρ_old) ${rho(bid.rho_old)} (${bid.source})`),
     table('Bid table', ['#', 'GPUs', 'ρ if won'], rows));
 }

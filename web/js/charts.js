@@ -22,45 +22,75 @@ function mount(container, build, points) {
   container.__resize = observer;
 }
 
-/** rho at the start of each round over time, with the line rho = 1. */
+/**
+ * rho at the start of each round over time, with the line rho = 1; rounds where the app was
+ * starving (rho unbounded) are marked on the top edge of the axis.
+ */
 export function rhoChart(container, history) {
   const xs = history.map((point) => Date.parse(point.at) / 1000);
   const rhos = history.map((point) => point.rho);
   const finite = rhos.filter((value) => value != null);
-  const data = [xs, rhos, xs.map(() => 1)];
+  const top = Math.max(1.2, ...finite.map((value) => value * 1.15));
+  const starving = rhos.map((value) => (value == null ? top : null));
+  const data = [xs, rhos, starving, xs.map(() => 1)];
   mount(container, (width) => new uPlot({
     width,
     height: 240,
-    scales: { y: { range: (u, min, max) => [0, Math.max(1.2, (max ?? 1) * 1.1)] } },
-    axes: [{ ...AXIS }, { ...AXIS, label: 'ρ (finish-time fairness)' }],
+    scales: { y: { range: [0, top] } },
+    axes: [{ ...AXIS }, { ...AXIS, label: 'ρ at round start' }],
     series: [
       { label: 'time' },
-      { label: 'ρ', stroke: '#0072B2', width: 2, spanGaps: false, points: { show: true, size: 5, fill: '#0072B2' } },
+      { label: 'ρ at round start', stroke: '#0072B2', width: 2, spanGaps: false, points: { show: true, size: 5, fill: '#0072B2' } },
+      { label: 'ρ ∞ (starving)', stroke: '#D55E00', width: 0, paths: () => null, points: { show: true, size: 9, fill: '#D55E00' } },
       SHARING_LINE,
     ],
-  }, data, container), finite.length);
+  }, data, container), history.length);
 }
 
-/** One bar per app, worst rho first, with the line rho = 1. */
-export function rhoBars(container, apps, label) {
+/**
+ * One bar per app, worst first, with the line rho = 1. A starving app (rho unbounded, `null`)
+ * gets a bar to the top of the axis in its own colour, marked ∞: it is the worst off, not
+ * missing. Sets data-starving on the container to the number of such bars.
+ */
+export function rhoBars(container, apps, label, axisLabel) {
   const xs = apps.map((_, index) => index);
-  const rhos = apps.map((app) => app.rho);
-  const data = [xs, rhos, xs.map(() => 1)];
+  const finite = apps.map((app) => app.rho);
+  const top = Math.max(1.2, ...finite.filter((value) => value != null).map((value) => value * 1.15));
+  const starving = apps.map((app) => (app.rho == null ? top : null));
+  const data = [xs, finite, starving, xs.map(() => 1)];
+  const bars = uPlot.paths.bars({ size: [0.6, 80] });
   mount(container, (width) => new uPlot({
     width,
     height: 260,
-    scales: { x: { time: false, range: [-0.5, Math.max(apps.length - 0.5, 0.5)] },
-      y: { range: (u, min, max) => [0, Math.max(1.2, (max ?? 1) * 1.1)] } },
+    scales: { x: { time: false, range: [-0.5, Math.max(apps.length - 0.5, 0.5)] }, y: { range: [0, top] } },
     axes: [
       { ...AXIS, splits: () => xs, values: (u, splits) => splits.map((index) => (apps[index] ? label(apps[index]) : '')) },
-      { ...AXIS, label: 'ρ now' },
+      { ...AXIS, label: axisLabel },
     ],
     series: [
       { label: 'app' },
-      { label: 'ρ', fill: '#56B4E9', stroke: '#0072B2', paths: uPlot.paths.bars({ size: [0.6, 80] }), points: { show: false } },
+      { label: 'ρ', fill: '#56B4E9', stroke: '#0072B2', paths: bars, points: { show: false } },
+      { label: 'ρ ∞ (starving)', fill: '#D55E00', stroke: '#a4161a', paths: bars, points: { show: false } },
       SHARING_LINE,
     ],
-  }, data, container), rhos.filter((value) => value != null).length);
+    hooks: { draw: [(u) => markInfinite(u, starving)] },
+  }, data, container), finite.filter((value) => value != null).length + starving.filter((value) => value != null).length);
+  container.dataset.starving = String(starving.filter((value) => value != null).length);
+}
+
+/** Writes ∞ above each starving app's bar. */
+function markInfinite(u, starving) {
+  const { ctx } = u;
+  ctx.save();
+  ctx.fillStyle = '#1a1a1a';
+  ctx.textAlign = 'center';
+  ctx.textBaseline = 'top';
+  ctx.font = `bold ${Math.round(16 * devicePixelRatio)}px system-ui, sans-serif`;
+  starving.forEach((value, index) => {
+    if (value == null) return;
+    ctx.fillText('∞', u.valToPos(index, 'x', true), u.bbox.top + 4 * devicePixelRatio);
+  });
+  ctx.restore();
 }
 
 /**

@@ -2,7 +2,7 @@
 // standings, bids and outcome. Other tenants' apps and bids arrive anonymised from the API.
 
 import { get } from './api.js';
-import { appColour, appLabel, gpuList, h, rho, table, time } from './ui.js';
+import { appColour, appLabel, gpuList, h, place, rho, table, time } from './ui.js';
 
 const LIST_LENGTH = 200;
 
@@ -45,10 +45,10 @@ async function renderRound(detail, context, roundId) {
     h('p', {}, `Opened ${time(round.opened_at)}, bids due ${time(round.deadline)}, decided ${time(round.closed_at)}. `,
       `Fairness knob f = ${round.fairness_knob}, seed ${round.seed}, engine ${round.engine_version}.`),
     h('p', {}, h('strong', {}, 'Offered: '), gpuList(round.offered_gpus)),
-    h('div', { class: 'table-wrap' }, table('Standings at the start (worst ρ first; the first ones are offered GPUs)',
-      ['Position', 'App', 'ρ', 'Unmet demand', 'Offered?'],
+    h('div', { class: 'table-wrap' }, table('Standings at round start (position 1 is the worst off; the first ones are offered GPUs)',
+      ['Position', 'App', 'ρ at round start', 'Unmet demand', 'Offered?'],
       round.standings.map((standing) => h('tr', {},
-        h('td', { class: 'num' }, standing.position),
+        h('td', { class: 'num' }, place(standing.position)),
         h('td', {}, swatch(standing.app_id), label(standing.app_id)),
         h('td', { class: 'num' }, rho(standing.rho)),
         h('td', { class: 'num' }, standing.unmet_demand),
@@ -60,7 +60,7 @@ async function renderRound(detail, context, roundId) {
       ['App', 'PF bundle', 'c_i', 'Kept', 'Leftovers'],
       round.allocations.map((allocation) => h('tr', {},
         h('td', {}, swatch(allocation.app_id), label(allocation.app_id)),
-        h('td', {}, allocation.pf_entry == null ? gpuList(allocation.pf_gpus) : `#${allocation.pf_entry}: ${gpuList(allocation.pf_gpus)}`),
+        h('td', {}, allocation.pf_entry == null ? gpuList(allocation.pf_gpus) : `#${allocation.pf_entry + 1}: ${gpuList(allocation.pf_gpus)}`),
         h('td', { class: 'num' }, allocation.c == null ? '–' : allocation.c.toFixed(3)),
         h('td', {}, gpuList(allocation.kept_gpus)),
         h('td', {}, gpuList(allocation.leftover_gpus)))),
@@ -71,14 +71,14 @@ async function renderRound(detail, context, roundId) {
 function bidSection(bid, round, label, swatch) {
   const chosen = round.allocations.find((allocation) => allocation.app_id != null && allocation.app_id === bid.app_id)?.pf_entry;
   const heading = h('p', {}, swatch(bid.app_id), h('strong', {}, label(bid.app_id)),
-    ` · ${bid.source} · received ${time(bid.received_at)}`, bid.app_id == null ? '' : ` · ρ_old ${rho(bid.rho_old)}`);
+    ` · ${bid.source} · received ${time(bid.received_at)}`, bid.app_id == null ? '' : ` · ρ if it gets nothing (ρ_old) ${rho(bid.rho_old)}`);
   if (bid.app_id == null) {
     return h('section', { class: 'bid', 'data-app': 'other' }, heading, h('p', { class: 'hint' }, 'Another tenant’s bid: its bundles are not shown.'));
   }
   return h('section', { class: 'bid', 'data-app': bid.app_id }, heading,
     h('div', { class: 'table-wrap' }, table('Bid table', ['#', 'GPUs', 'ρ if won'],
       bid.entries.map((entry, index) => h('tr', { class: index === chosen ? 'chosen' : null, 'data-entry': index },
-        h('td', {}, index, index === chosen ? ' (PF choice)' : ''),
+        h('td', {}, index + 1, index === chosen ? ' (PF choice)' : ''),
         h('td', {}, gpuList(entry.gpus)),
         h('td', { class: 'num' }, entry.rho.toFixed(3)))))));
 }

@@ -27,6 +27,11 @@ export function rho(value) {
   return value == null ? '∞ (starving)' : value.toFixed(3);
 }
 
+/** A place in a round's standings, 1-based for people (the API counts from 0, the worst). */
+export function place(position) {
+  return position + 1;
+}
+
 export function time(iso) {
   return iso ? new Date(iso).toLocaleTimeString() : '–';
 }
@@ -48,22 +53,39 @@ export function table(caption, columns, rows, attributes = {}) {
     h('tbody', {}, rows));
 }
 
-// Okabe–Ito: distinguishable with every common colour-vision deficiency. `ink` is the text
-// colour that reads on it (contrast at least 4.5:1).
-const PALETTE = [
-  { fill: '#0072B2', ink: '#ffffff' },
-  { fill: '#E69F00', ink: '#000000' },
-  { fill: '#009E73', ink: '#000000' },
-  { fill: '#CC79A7', ink: '#000000' },
-  { fill: '#56B4E9', ink: '#000000' },
-  { fill: '#D55E00', ink: '#000000' },
-  { fill: '#F0E442', ink: '#000000' },
-];
+/**
+ * The colour of an app: stable for its id, and distinct for any number of apps (hues step by
+ * the golden angle, so no two ids share one, and lightness cycles through three levels so
+ * neighbouring hues differ in brightness too); grey for another tenant's app (id unknown).
+ * `ink` is the text colour that reads on it, black or white, whichever has the higher contrast
+ * (at least 4.5:1 for every fill). Colour is never the only signal: holders are also named.
+ */
+export function appColour(appId) {
+  if (appId == null) return OTHER_TENANT;
+  const hue = (appId * 137.508) % 360;
+  const lightness = [0.42, 0.58, 0.72][appId % 3];
+  const rgb = hslToRgb(hue, 0.7, lightness);
+  const fill = `#${rgb.map((channel) => Math.round(channel * 255).toString(16).padStart(2, '0')).join('')}`;
+  const luminance = relativeLuminance(rgb);
+  const ink = (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) ? '#000000' : '#ffffff';
+  return { fill, ink };
+}
 export const OTHER_TENANT = { fill: '#8a8a8a', ink: '#000000' };
 
-/** The colour of an app: stable for its id; grey for another tenant's (id unknown). */
-export function appColour(appId) {
-  return appId == null ? OTHER_TENANT : PALETTE[appId % PALETTE.length];
+/** HSL (hue in degrees, saturation and lightness 0..1) as [r, g, b] in 0..1. */
+function hslToRgb(hue, saturation, lightness) {
+  const chroma = (1 - Math.abs(2 * lightness - 1)) * saturation;
+  const channel = (n) => {
+    const k = (n + hue / 30) % 12;
+    return lightness - chroma / 2 * Math.max(-1, Math.min(k - 3, 9 - k, 1));
+  };
+  return [channel(0), channel(8), channel(4)];
+}
+
+/** WCAG relative luminance of an sRGB colour given as [r, g, b] in 0..1. */
+function relativeLuminance(rgb) {
+  const [r, g, b] = rgb.map((c) => (c <= 0.04045 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4));
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
 }
 
 /** The app's name as the caller may know it. */

@@ -2,11 +2,13 @@
 // with a fresh database that the tests create and drop. Screenshots go to web/test-artifacts/.
 //
 // AGORA_BIN (default target/debug/agora), AGORA_TEST_POSTGRES (default
-// postgres://postgres@127.0.0.1:5432) and CHROMIUM (default /usr/bin/chromium) override.
+// postgres://postgres@127.0.0.1:5432) and CHROMIUM (default /usr/bin/chromium) override;
+// AGORA_DOCS_SCREENSHOTS=1 also writes the screenshots docs/dashboard.md shows.
 
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { after, before, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
@@ -14,10 +16,12 @@ import { chromium } from 'playwright-core';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const ARTIFACTS = fileURLToPath(new URL('../test-artifacts/', import.meta.url));
+const DOCS = process.env.AGORA_DOCS_SCREENSHOTS ? fileURLToPath(new URL('../../docs/dashboard/', import.meta.url)) : null;
 const BINARY = process.env.AGORA_BIN ?? `${ROOT}target/debug/agora`;
 const POSTGRES = process.env.AGORA_TEST_POSTGRES ?? 'postgres://postgres@127.0.0.1:5432';
 const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
 const DATABASE = `agora_web_test_${process.pid}`;
+const AXE = createRequire(import.meta.url).resolve('axe-core/axe.min.js');
 
 function psql(sql) {
   execFileSync('psql', [`${POSTGRES}/postgres`, '-v', 'ON_ERROR_STOP=1', '-qc', sql], { stdio: 'pipe' });
@@ -74,6 +78,7 @@ async function api(path, token) {
 
 before(async () => {
   mkdirSync(ARTIFACTS, { recursive: true });
+  if (DOCS) mkdirSync(DOCS, { recursive: true });
   psql(`DROP DATABASE IF EXISTS ${DATABASE} WITH (FORCE)`);
   psql(`CREATE DATABASE ${DATABASE}`);
   server = new Server('127.0.0.1:0');
@@ -94,8 +99,8 @@ after(async () => {
 });
 
 /** A fresh page signed in with `token`, recording console errors and the API's answers. */
-async function signedIn(token, viewport = { width: 1366, height: 900 }) {
-  const page = await browser.newPage({ viewport });
+async function signedIn(token, viewport = { width: 1366, height: 900 }, options = {}) {
+  const page = await browser.newPage({ viewport, ...options });
   page.errors = [];
   page.answers = [];
   page.on('console', (message) => { if (message.type() === 'error') page.errors.push(message.text()); });
@@ -112,8 +117,13 @@ async function signedIn(token, viewport = { width: 1366, height: 900 }) {
   return page;
 }
 
-async function shot(page, name) {
+/**
+ * Saves a screenshot in web/test-artifacts/; with `docs`, and AGORA_DOCS_SCREENSHOTS set, also
+ * the visible part in docs/dashboard/, where docs/dashboard.md shows it.
+ */
+async function shot(page, name, { docs = false } = {}) {
   await page.screenshot({ path: `${ARTIFACTS}${name}.png`, fullPage: true });
+  if (docs && DOCS) await page.screenshot({ path: `${DOCS}${name}.png` });
 }
 
 const roundIds = (page) => page.$$eval('#round-list a[data-round]', (links) => links.map((link) => Number(link.dataset.round)));
@@ -126,7 +136,7 @@ test('the page loads, a tenant signs in and sees its apps, with no console error
   await page.waitForFunction(() => Number(document.querySelector('#rho-chart')?.dataset.points) > 0, null, { timeout: 30_000 });
   assert.ok(await page.locator('#rho-chart canvas').count(), 'uPlot drew the rho chart');
   await page.locator('#why').waitFor();
-  await shot(page, 'apps-tenant');
+  await shot(page, 'apps-tenant', { docs: true });
   for (const view of ['rounds', 'cluster', 'fairness']) {
     await page.getByRole('link', { name: new RegExp(`^${view}$`, 'i') }).click();
     await page.locator(`#view h2`).filter({ hasText: new RegExp(view, 'i') }).waitFor();
@@ -144,7 +154,7 @@ test('a new round appears in the live list within seconds', async () => {
   await page.waitForFunction((seen) => [...document.querySelectorAll('#round-list a[data-round]')]
     .some((link) => Number(link.dataset.round) > seen), newest, { timeout: 30_000 })
     .catch((error) => { throw new Error(`${error.message}; newest ${newest}; server log:\n${server.log.slice(-3000)}`); });
-  await shot(page, 'rounds-live');
+  await shot(page, 'rounds-live', { docs: true });
   assert.deepEqual(page.errors, []);
   await page.close();
 });
@@ -159,7 +169,7 @@ test('the fairness view and the cluster view chart their data', async () => {
   await page.goto(`${base}/#/cluster`);
   await page.waitForFunction(() => Number(document.querySelector('#cluster-gantt')?.dataset.points) > 0, null, { timeout: 30_000 });
   assert.ok(await page.locator('#racks .gpu').count() > 0);
-  await shot(page, 'cluster-admin-large-monitor');
+  await shot(page, 'cluster-admin-large-monitor', { docs: true });
   assert.deepEqual(page.errors, []);
   await page.close();
 });
@@ -181,7 +191,7 @@ test('opening a round shows its bids, the own bid table in full', async () => {
   const rows = page.locator(`#round-bids section[data-app="${own.app_id}"] tr[data-entry]`);
   assert.equal(await rows.count(), own.entries.length);
   assert.ok(own.entries.length > 0);
-  await shot(page, 'round-detail-tenant');
+  await shot(page, 'round-detail-tenant', { docs: true });
   assert.deepEqual(page.errors, []);
   await page.close();
 });
@@ -249,5 +259,127 @@ test('the page survives a server restart and goes on with live rounds', async ()
     .some((link) => Number(link.dataset.round) > seen), newest, { timeout: 30_000 })
     .catch((error) => { throw new Error(`${error.message}; newest ${newest}; server log:\n${server.log.slice(-3000)}`); });
   await shot(page, 'after-restart');
+  await page.close();
+});
+
+
+/**
+ * Answers requests for `pathname` with `answer(real)` instead of the server's answer `real`.
+ * The live demo decides when an app starves or gets leftovers; a fixed answer makes such a
+ * case the same in every run.
+ */
+async function answerWith(page, pathname, answer) {
+  await page.route((url) => url.pathname === pathname, async (route) => {
+    const real = await (await route.fetch()).json();
+    await route.fulfill({ json: answer(real) });
+  });
+}
+
+test('a starving app is drawn as the worst, at the axis edge marked ∞, and counted', async () => {
+  const page = await signedIn(tokens.admin);
+  const apps = (await api('/v1/me', tokens.admin)).apps.slice(0, 4);
+  assert.equal(apps.length, 4, 'the demo registers at least 4 apps');
+  const rhos = [null, null, 2.5, 0.8];
+  const standings = apps.map((app, position) => ({ app_id: app.id, name: app.name, rho: rhos[position], position }));
+  await answerWith(page, '/v1/fairness', (real) => ({ ...real, round_id: real.round_id ?? 1, at: real.at ?? new Date().toISOString(),
+    apps: standings, starving_apps: 2, max_rho: 2.5, jains_index: 0.77 }));
+  await page.goto(`${base}/#/fairness`);
+  await page.locator('#rho-distribution[data-starving="2"]').waitFor();
+  const drawn = await page.$eval('#rho-distribution', (node) => ({
+    top: node.__chart.scales.y.max, finite: node.__chart.data[1], starving: node.__chart.data[2], sharing: node.__chart.data[3],
+    label: node.getAttribute('aria-label') }));
+  assert.deepEqual(drawn.starving.map((value) => value === drawn.top), [true, true, false, false], 'starving bars reach the top');
+  assert.deepEqual(drawn.finite, rhos, 'finite bars at their rho');
+  assert.ok(drawn.finite.every((value) => value == null || value < drawn.top), 'a starving bar is taller than every other');
+  assert.deepEqual(drawn.sharing, [1, 1, 1, 1], 'the sharing-incentive line rho = 1');
+  assert.match(drawn.label, /2 starving \(ρ ∞\)/);
+  const starving = page.locator('#fairness-stats .stat', { hasText: 'Starving' }).locator('.value');
+  assert.equal(await starving.textContent(), '2');
+  const first = await page.locator('#view .table-wrap table tbody tr').first().locator('td').allTextContents();
+  assert.deepEqual([first[0], first[2]], ['1', '∞ (starving)'], 'position 1 is the worst off');
+  assert.ok(first[1].includes(apps[0].name));
+  assert.equal(await page.locator('#view h3', { hasText: 'ρ at round start' }).count(), 1, 'one named rho on the view');
+  await shot(page, 'fairness-starving', { docs: true });
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('each app has a colour of its own, with text on it readable, however many apps there are', async () => {
+  const page = await signedIn(tokens.admin);
+  const colours = await page.evaluate(async () => {
+    const { appColour } = await import('/static/js/ui.js');
+    return Array.from({ length: 500 }, (_, index) => appColour(index + 1));
+  });
+  assert.equal(new Set(colours.map((colour) => colour.fill)).size, 500);
+  for (const { fill, ink } of colours) assert.ok(contrast(fill, ink) >= 4.5, `${ink} on ${fill}: ${contrast(fill, ink)}`);
+  await page.close();
+});
+
+/** WCAG contrast ratio of two #rrggbb colours. */
+function contrast(a, b) {
+  const luminance = (hex) => {
+    const [r, g, bl] = [1, 3, 5].map((at) => parseInt(hex.slice(at, at + 2), 16) / 255)
+      .map((c) => (c <= 0.04045 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4));
+    return 0.2126 * r + 0.7152 * g + 0.0722 * bl;
+  };
+  const [light, dark] = [luminance(a), luminance(b)].sort((x, y) => y - x);
+  return (light + 0.05) / (dark + 0.05);
+}
+
+test('each round an app took part in says in words what it got and why', async () => {
+  const page = await signedIn(tokens['demo-vision']);
+  const app = appsOf['demo-vision'][0];
+  await page.goto(`${base}/#/apps/${app.id}`);
+  const rows = page.locator('#app-rounds tbody > tr[data-round]');
+  await rows.first().waitFor({ timeout: 30_000 });
+  const shown = await rows.evaluateAll((trs) => trs.map((tr) => [Number(tr.dataset.round), tr.querySelector('.why-sentence').textContent]));
+  const rounds = await api(`/v1/apps/${app.id}/rounds?limit=500`, tokens['demo-vision']);
+  // The newest round may have been open when the page read it (its outcome not yet known).
+  const newest = Math.max(...shown.map(([id]) => id));
+  for (const [id, text] of shown) {
+    if (id === newest) continue;
+    assert.equal(text, rounds.find((round) => round.round_id === id)?.why, `round ${id}`);
+    assert.match(text, new RegExp(`^Round ${id}: (you were|not offered)`));
+  }
+  // A won, a lost and a leftovers-only round, as the API describes them, show what they gave.
+  const [real] = rounds;
+  const won = { ...real, round_id: 903, bidder: true, won: true, won_gpus: ['m0-g0'], leftover_gpus: [], c: 1,
+    why: 'Round 903: you were among the 2 worst-off apps (ρ ∞) and bid for 1 GPU; the auction gave you 1 (you keep it: c = 1.000)' };
+  const leftovers = { ...real, round_id: 902, bidder: false, bid: null, pf_entry: null, c: null, won: false, won_gpus: [], leftover_gpus: ['m0-g1'],
+    why: 'Round 902: not offered: 3 apps were worse off (ρ 0.900) and only the 2 worst off were offered GPUs; you received 1 leftover GPU' };
+  const lost = { ...real, round_id: 901, bidder: true, pf_entry: null, c: null, won: false, won_gpus: [], leftover_gpus: [],
+    why: 'Round 901: you were among the 2 worst-off apps (ρ 2.000) and bid for 2 GPUs; the auction gave you none: the offered GPUs went to apps whose ρ they improved more' };
+  await answerWith(page, `/v1/apps/${app.id}/rounds`, () => [won, leftovers, lost]);
+  await page.goto(`${base}/#/rounds`);
+  await page.locator('#round-list').waitFor();
+  await page.goto(`${base}/#/apps/${app.id}`);
+  await page.locator('#app-rounds tbody > tr[data-round="901"]').waitFor();
+  for (const [round, got] of [[won, 'won'], [leftovers, 'leftovers'], [lost, 'no']]) {
+    const cells = await page.locator(`#app-rounds tbody > tr[data-round="${round.round_id}"] > td`).allTextContents();
+    assert.equal(cells[3], got, `round ${round.round_id}: Got GPUs?`);
+    assert.equal(cells[6], round.why);
+  }
+  await shot(page, 'apps-why');
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('axe finds no serious or critical accessibility violation in any view', async () => {
+  // axe is injected as a script, which the page's Content-Security-Policy would refuse.
+  const page = await signedIn(tokens['demo-vision'], undefined, { bypassCSP: true });
+  // No live updates while axe reads the page: each view stays as first drawn.
+  await page.route((url) => url.pathname === '/v1/rounds/events', (route) => route.abort());
+  const [{ round_id: round }] = await api('/v1/rounds?limit=1', tokens['demo-vision']);
+  await page.addScriptTag({ path: AXE });
+  const views = [['apps', '#why'], [`rounds/${round}`, '#round-outcome'], ['cluster', '#racks .gpu'],
+    ['fairness', '#fairness-stats .stat']];
+  for (const [view, loaded] of views) {
+    await page.goto(`${base}/#/${view}`);
+    await page.locator(loaded).first().waitFor();
+    const violations = await page.evaluate(async () => (await window.axe.run(document, { resultTypes: ['violations'] })).violations
+      .filter((violation) => ['serious', 'critical'].includes(violation.impact))
+      .map((violation) => `${violation.id} (${violation.impact}): ${violation.nodes.map((node) => node.target.join(' ')).join(', ')}`));
+    assert.deepEqual(violations, [], `#/${view}`);
+  }
   await page.close();
 });

@@ -12,3 +12,4 @@ pub mod notices;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod why;

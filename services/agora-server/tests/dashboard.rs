@@ -160,6 +160,21 @@ async fn an_apps_rho_history_and_rounds_are_shown_to_its_tenant_only() {
             &allocation["kept_gpus"]
         )
     );
+    // The round in words: the only app offered GPUs, starving, it bid for up to 2 and kept
+    // the 2 of its proportional-fair bundle.
+    let c = allocation["c"].as_f64().expect("a bidder's c");
+    assert_eq!(
+        first["why"].as_str(),
+        Some(
+            format!(
+                "Round {}: you were the worst-off app (ρ ∞) and bid for 2 GPUs; \
+                 the auction gave you 2 (you keep both: c = {c:.3})",
+                first["round_id"]
+            )
+            .as_str()
+        ),
+        "{first}"
+    );
 
     for path in [
         history_path.clone(),
@@ -439,5 +454,90 @@ async fn the_page_and_every_file_it_loads_are_served_and_documented() {
             "{path} is documented"
         );
     }
+    service.running.stop().await;
+}
+
+#[actix_web::test]
+async fn dashboard_files_go_out_gzipped_with_an_entity_tag_that_answers_304() {
+    let database = fresh_database().await;
+    let service = serve(&config(&database), start_clock()).await;
+    let on_disk = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../web/js/charts.js"
+    ))
+    .expect("web/js/charts.js");
+    let fetch = |headers: Vec<(&'static str, String)>| {
+        let mut request = service
+            .client
+            .get(format!("{}/static/js/charts.js", service.base));
+        for header in headers {
+            request = request.insert_header(header);
+        }
+        async move {
+            let mut response = request.send().await.expect("request sent");
+            let body = response.body().limit(1 << 20).await.expect("body");
+            let header = |name: &str| {
+                response
+                    .headers()
+                    .get(name)
+                    .and_then(|value| value.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let headers = [
+                "content-encoding",
+                "etag",
+                "cache-control",
+                "vary",
+                "content-type",
+            ]
+            .map(header);
+            (response.status().as_u16(), headers, body.to_vec())
+        }
+    };
+
+    let (status, [encoding, etag, cache, vary, content_type], gzipped) =
+        fetch(vec![("accept-encoding", "gzip".to_owned())]).await;
+    assert_eq!((status, encoding.as_str()), (200, "gzip"));
+    assert!(vary.to_lowercase().contains("accept-encoding"), "{vary}");
+    assert!(
+        content_type.starts_with("text/javascript"),
+        "{content_type}"
+    );
+    assert!(
+        gzipped.len() * 2 < on_disk.len(),
+        "{} bytes gzipped",
+        gzipped.len()
+    );
+    let mut unzipped = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(gzipped.as_slice()),
+        &mut unzipped,
+    )
+    .expect("gzip");
+    assert_eq!(unzipped, on_disk, "the file itself, unzipped");
+    assert!(
+        etag.starts_with("W/\"") && etag.len() > 10,
+        "a weak tag (the same tag for both encodings): {etag}"
+    );
+    assert_eq!(cache, "no-cache", "revalidated each time, by its tag");
+
+    let (status, [encoding, plain_etag, ..], plain) = fetch(Vec::new()).await;
+    assert_eq!((status, encoding.as_str()), (200, ""));
+    assert_eq!((plain, plain_etag), (on_disk.clone(), etag.clone()));
+
+    let (status, [_, unchanged_etag, cache, ..], body) = fetch(vec![
+        ("accept-encoding", "gzip".to_owned()),
+        ("if-none-match", etag.clone()),
+    ])
+    .await;
+    assert_eq!(
+        (status, body.len()),
+        (304, 0),
+        "the browser's copy is current"
+    );
+    assert_eq!((unchanged_etag, cache.as_str()), (etag, "no-cache"));
+    let (status, _, body) = fetch(vec![("if-none-match", "W/\"older\"".to_owned())]).await;
+    assert_eq!((status, body), (200, on_disk), "a stale copy gets the file");
     service.running.stop().await;
 }

@@ -18,6 +18,7 @@ use crate::actors::requests::{
     AppStanding, FinishApp, ProgressAck, RegisterApp, ReportProgress, RhoOf, RhoView, StandingOf,
 };
 use crate::store::{AppRow, LeaseView};
+use crate::why::{round_sentence, RoundFacts};
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -270,41 +271,68 @@ pub async fn why(
     Ok(HttpResponse::Ok().json(Why {
         app: row.id,
         now,
-        last_round,
+        last_round: last_round.map(|(why, _)| why),
         explanation,
     }))
 }
 
-async fn last_round_why(state: &ApiState, app: i64) -> Result<Option<LastRoundWhy>, ApiError> {
+/// The app's last round, and that round in words.
+async fn last_round_why(
+    state: &ApiState,
+    app: i64,
+) -> Result<Option<(LastRoundWhy, String)>, ApiError> {
     let Some(last) = state.store.last_round_of(app).await? else {
         return Ok(None);
     };
     let Some(round) = state.store.stored_round(last.round_id).await? else {
         return Ok(None);
     };
-    let bid_entries = round
-        .bids
-        .iter()
-        .find(|bid| bid.app_id == app)
-        .map_or(0, |bid| bid.entries.len());
+    let bid = round.bids.iter().find(|bid| bid.app_id == app);
     let allocation = round.allocations.into_iter().find(|row| row.app == app);
-    Ok(Some(LastRoundWhy {
+    let pf_entry = allocation.as_ref().and_then(|row| row.pf_entry);
+    let c = allocation.as_ref().and_then(|row| row.c);
+    let (won_gpus, leftover_gpus, pf_gpus) = allocation
+        .map(|row| (row.kept_gpus, row.leftover_gpus, row.pf_gpus))
+        .unwrap_or_default();
+    let sentence = round_sentence(&RoundFacts {
+        round: last.round_id,
+        position: last.position,
+        rho: last.rho,
+        offered_apps: round.bidders.len(),
+        offered: last.bidder,
+        bid_gpus: bid.map(|bid| {
+            bid.entries
+                .iter()
+                .map(|(gpus, _)| gpus.len())
+                .max()
+                .unwrap_or(0)
+        }),
+        pf_gpus: pf_entry.map(|_| pf_gpus.len()),
+        c,
+        kept_gpus: won_gpus.len(),
+        leftover_gpus: leftover_gpus.len(),
+    });
+    let last_round = LastRoundWhy {
         round: last.round_id,
         bidder: last.bidder,
         position: last.position,
         rho: last.rho,
-        bid_entries,
-        pf_entry: allocation.as_ref().and_then(|row| row.pf_entry),
-        c: allocation.as_ref().and_then(|row| row.c),
-        won_gpus: allocation
-            .as_ref()
-            .map(|row| row.kept_gpus.clone())
-            .unwrap_or_default(),
-        leftover_gpus: allocation.map(|row| row.leftover_gpus).unwrap_or_default(),
-    }))
+        bid_entries: bid.map_or(0, |bid| bid.entries.len()),
+        pf_entry,
+        c,
+        won_gpus,
+        leftover_gpus,
+    };
+    Ok(Some((last_round, sentence)))
 }
 
-fn explain(row: &AppRow, now: Option<&AppStanding>, last: Option<&LastRoundWhy>) -> String {
+/// The app's situation in words: finished, holding all it can use, waiting for its first
+/// round, or else its last round as [`round_sentence`] tells it.
+fn explain(
+    row: &AppRow,
+    now: Option<&AppStanding>,
+    last: Option<&(LastRoundWhy, String)>,
+) -> String {
     if row.finished_at.is_some() {
         return "the app has finished and holds no GPUs".to_owned();
     }
@@ -314,38 +342,8 @@ fn explain(row: &AppRow, now: Option<&AppStanding>, last: Option<&LastRoundWhy>)
             now.gpus_held
         );
     }
-    let Some(last) = last else {
-        return "no round has run since it arrived; the next free GPUs are offered to it if its rho is among the worst".to_owned();
-    };
-    let got = last.won_gpus.len() + last.leftover_gpus.len();
-    if !last.bidder {
-        let bidders = now.map_or(1, |now| now.bidders_per_round);
-        return format!(
-            "in round {} its rho ranked {} of the apps; only the worst {} by rho are offered GPUs each round, so it could only get leftovers ({} GPUs)",
-            last.round,
-            last.position + 1,
-            bidders,
-            last.leftover_gpus.len()
-        );
-    }
-    if got > 0 {
-        return format!(
-            "in round {} it bid and won {} GPUs in the auction and {} as leftovers (hidden payment share c = {})",
-            last.round,
-            last.won_gpus.len(),
-            last.leftover_gpus.len(),
-            last.c.map_or("-".to_owned(), |c| format!("{c:.3}"))
-        );
-    }
-    match last.pf_entry {
-        None => format!(
-            "in round {} it bid ({} bundles), but the proportional-fair choice gave the offered GPUs to bidders whose rho improved more; it is offered GPUs again as leases end",
-            last.round, last.bid_entries
-        ),
-        Some(_) => format!(
-            "in round {} it won a bundle, but its hidden payment (c = {}) rounded its share down to no GPU",
-            last.round,
-            last.c.map_or("-".to_owned(), |c| format!("{c:.3}"))
-        ),
+    match last {
+        Some((_, sentence)) => sentence.clone(),
+        None => "no round has run since it arrived; the next free GPUs are offered to it if its rho is among the worst".to_owned(),
     }
 }

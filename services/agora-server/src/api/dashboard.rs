@@ -1,16 +1,21 @@
 //! The web dashboard: its read-only endpoints (who am I, an app's rho history and rounds, the
 //! fairness summary, the lease timeline, the live rounds stream) and its page, embedded in the
-//! binary from `web/` so `agora serve` needs no extra step. `docs/dashboard.md` describes it.
+//! binary from `web/` so `agora serve` needs no extra step, and sent gzipped with an entity
+//! tag. `docs/dashboard.md` describes it.
 
+use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use actix_web::http::header;
+use actix_web::middleware::Compress;
 use actix_web::web::Bytes;
 use actix_web::{get, web, HttpRequest, HttpResponse};
 use agora_market::rho::RhoSpread;
 use chrono::{DateTime, Utc};
 use futures_util::stream as streams;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
 use tokio::sync::broadcast::{self, error::RecvError};
 use utoipa::{IntoParams, ToSchema};
 
@@ -330,28 +335,63 @@ const ASSETS: &[Asset] = &[
 const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; img-src 'self' data:; \
      style-src 'self' 'unsafe-inline'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'";
 
-fn serve(file: &Asset) -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type(file.content_type)
+/// Each file's entity tag, a digest of its bytes: weak, because the same file also goes out
+/// gzipped.
+static ETAGS: LazyLock<HashMap<&'static str, String>> = LazyLock::new(|| {
+    std::iter::once(&INDEX)
+        .chain(ASSETS)
+        .map(|file| {
+            let digest = Sha256::digest(file.body);
+            (file.path, format!("W/\"{}\"", hex::encode(&digest[..16])))
+        })
+        .collect()
+});
+
+/// The file, or 304 Not Modified when the browser's copy has its entity tag. `no-cache`: the
+/// browser asks again each time (file names carry no version), and a 304 costs no body.
+fn serve(file: &Asset, request: &HttpRequest) -> HttpResponse {
+    let etag = ETAGS.get(file.path).map_or("", String::as_str);
+    let unchanged = request
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|tags| {
+            tags.split(',')
+                .any(|tag| tag.trim().trim_start_matches("W/") == etag.trim_start_matches("W/"))
+        });
+    let mut response = if unchanged {
+        HttpResponse::NotModified()
+    } else {
+        HttpResponse::Ok()
+    };
+    response
+        .insert_header((header::ETAG, etag))
         .insert_header((header::CACHE_CONTROL, "no-cache"))
         .insert_header((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
-        .insert_header((header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY))
-        .body(file.body)
+        .insert_header((header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY));
+    if unchanged {
+        response.finish()
+    } else {
+        response.content_type(file.content_type).body(file.body)
+    }
 }
 
 /// The dashboard page.
-#[get("/")]
-async fn dashboard_page() -> HttpResponse {
-    serve(&INDEX)
+#[get("/", wrap = "Compress::default()")]
+async fn dashboard_page(request: HttpRequest) -> HttpResponse {
+    serve(&INDEX, &request)
 }
 
 /// The dashboard's scripts and styles.
-#[get("/static/{path:.*}")]
-async fn dashboard_file(path: web::Path<String>) -> Result<HttpResponse, ApiError> {
+#[get("/static/{path:.*}", wrap = "Compress::default()")]
+async fn dashboard_file(
+    path: web::Path<String>,
+    request: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
     ASSETS
         .iter()
         .find(|file| file.path == path.as_str())
-        .map(serve)
+        .map(|file| serve(file, &request))
         .ok_or_else(|| ApiError::not_found(format!("no dashboard file {path}")))
 }
 

@@ -9,6 +9,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::{BidEntryView, RoundSummary, Store, StoreError};
+use crate::why::{round_sentence, RoundFacts};
 
 /// An app as the dashboard lists it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -64,6 +65,8 @@ pub struct AppRound {
     pub leftover_gpus: Vec<String>,
     /// Whether it won any GPU in the auction.
     pub won: bool,
+    /// The round for this app in one sentence (see [`crate::why::round_sentence`]).
+    pub why: String,
 }
 
 /// One active app in the latest round's standings.
@@ -158,7 +161,10 @@ impl Store {
                       b.source AS "source?", b.rho_old, b.received_at AS "received_at?",
                       al.pf_entry AS "pf_entry?", al.c AS "c?",
                       coalesce(al.kept_gpus, '{}') AS "won_gpus!",
-                      coalesce(al.leftover_gpus, '{}') AS "leftover_gpus!"
+                      coalesce(al.leftover_gpus, '{}') AS "leftover_gpus!",
+                      cardinality(al.pf_gpus) AS pf_gpus,
+                      (SELECT count(*) FROM round_standings o
+                       WHERE o.round_id = s.round_id AND o.bidder) AS "offered_apps!"
                FROM round_standings s
                JOIN rounds r ON r.id = s.round_id
                LEFT JOIN bids b ON b.round_id = s.round_id AND b.app_id = s.app_id
@@ -176,27 +182,52 @@ impl Store {
         let mut entries = self.bid_entries_of(app, &rounds).await?;
         Ok(rows
             .into_iter()
-            .map(|row| AppRound {
-                round_id: row.round_id,
-                opened_at: row.opened_at,
-                status: row.status,
-                position: row.position,
-                rho: row.rho,
-                bidder: row.bidder,
-                bid: row
-                    .source
-                    .zip(row.received_at)
-                    .map(|(source, received_at)| OwnBid {
-                        source,
-                        rho_old: row.rho_old,
-                        received_at,
-                        entries: entries.remove(&row.round_id).unwrap_or_default(),
+            .map(|row| {
+                let entries = entries.remove(&row.round_id).unwrap_or_default();
+                let why = round_sentence(&RoundFacts {
+                    round: row.round_id,
+                    position: row.position,
+                    rho: row.rho,
+                    offered_apps: usize::try_from(row.offered_apps).unwrap_or_default(),
+                    offered: row.bidder,
+                    bid_gpus: row.source.as_ref().map(|_| {
+                        entries
+                            .iter()
+                            .map(|entry| entry.gpus.len())
+                            .max()
+                            .unwrap_or(0)
                     }),
-                pf_entry: row.pf_entry,
-                c: row.c,
-                won: !row.won_gpus.is_empty(),
-                won_gpus: row.won_gpus,
-                leftover_gpus: row.leftover_gpus,
+                    pf_gpus: row
+                        .pf_entry
+                        .and(row.pf_gpus)
+                        .map(|count| usize::try_from(count).unwrap_or_default()),
+                    c: row.c,
+                    kept_gpus: row.won_gpus.len(),
+                    leftover_gpus: row.leftover_gpus.len(),
+                });
+                AppRound {
+                    round_id: row.round_id,
+                    opened_at: row.opened_at,
+                    status: row.status,
+                    position: row.position,
+                    rho: row.rho,
+                    bidder: row.bidder,
+                    bid: row
+                        .source
+                        .zip(row.received_at)
+                        .map(|(source, received_at)| OwnBid {
+                            source,
+                            rho_old: row.rho_old,
+                            received_at,
+                            entries,
+                        }),
+                    pf_entry: row.pf_entry,
+                    c: row.c,
+                    won: !row.won_gpus.is_empty(),
+                    won_gpus: row.won_gpus,
+                    leftover_gpus: row.leftover_gpus,
+                    why,
+                }
             })
             .collect())
     }
