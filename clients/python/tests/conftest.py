@@ -1,5 +1,6 @@
-"""A real `agora serve` on a fresh Postgres database per test module, with a simulated fleet of
-four GPUs (two machines of two).
+"""A real `agora serve` on a fresh Postgres database per test module, its four GPUs on two
+simulated GPU hosts (`agora worker --gpu-backend simulated`, two GPUs each) that register over
+HTTP and heartbeat as real hosts do.
 
 AGORA_BIN (default target/debug/agora) and AGORA_TEST_POSTGRES (default
 postgres://postgres@127.0.0.1:5432) override. Databases are named agora_test_py_*; each is
@@ -14,6 +15,7 @@ import re
 import secrets
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,12 +26,11 @@ from agora_client import Client
 ROOT = Path(__file__).resolve().parents[3]
 BINARY = Path(os.environ.get("AGORA_BIN", ROOT / "target" / "debug" / "agora"))
 POSTGRES = os.environ.get("AGORA_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432")
-FLEET = """[[racks]]
-[[racks.machines]]
-count = 2
-slots = 1
-gpus_per_slot = 2
-gpu_type = "A100"
+HOSTS = 2
+HOST_TOPOLOGY = """gpus = 2
+gpu_name = "NVIDIA A100-SXM4-80GB"
+memory_gib = 80
+default_ancestor = "node"
 """
 DEFAULT_SETTINGS = {
     "lease_seconds": 60,
@@ -55,14 +56,14 @@ class Server:
     def __init__(self, folder: Path, settings: dict[str, int]) -> None:
         self.database = f"agora_test_py_{os.getpid()}_{secrets.token_hex(4)}"
         self.admin_token = f"admin-{secrets.token_hex(16)}"
-        fleet = folder / "fleet.toml"
-        fleet.write_text(FLEET)
+        worker_token = f"worker-{secrets.token_hex(16)}"
         config = folder / "agora.toml"
         lines = [
             'listen = "127.0.0.1:0"',
             f'database_url = "{POSTGRES}/{self.database}"',
             f'admin_token = "{self.admin_token}"',
-            f'fleet = "{fleet}"',
+            'gpus = "workers"',
+            f'worker_token = "{worker_token}"',
             *(f"{name} = {value}" for name, value in {**DEFAULT_SETTINGS, **settings}.items()),
         ]
         config.write_text("\n".join(lines) + "\n")
@@ -84,6 +85,33 @@ class Server:
         if not self._listening.wait(60) or not self.url:
             self.stop()
             raise RuntimeError("agora serve did not start; its log:\n" + "".join(self.log))
+        topology = folder / "host.toml"
+        topology.write_text(HOST_TOPOLOGY)
+        self.hosts = [self._start_host(topology, index, worker_token, env) for index in range(HOSTS)]
+        self._wait_for_gpus(2 * HOSTS)
+
+    def _start_host(self, topology: Path, index: int, token: str, env: dict[str, str]) -> subprocess.Popen:
+        command = [str(BINARY), "worker", "--gpu-backend", "simulated", "--topology", str(topology)]
+        command += ["--arbiter", self.url, "--token", token, "--host", f"host-{index}"]
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+
+    def _wait_for_gpus(self, count: int) -> None:
+        """Until the hosts' GPUs are all in the cluster (they register within a second)."""
+        deadline = time.monotonic() + 60
+        with self.client() as admin:
+            while len(admin.cluster()) < count:
+                if time.monotonic() > deadline or any(host.poll() is not None for host in self.hosts):
+                    self.stop()
+                    raise RuntimeError(f"the simulated hosts did not register {count} GPUs")
+                time.sleep(0.1)
 
     def _read_log(self) -> None:
         assert self.process.stderr is not None
@@ -105,6 +133,10 @@ class Server:
         return json.loads(text)
 
     def stop(self) -> None:
+        for host in getattr(self, "hosts", []):
+            if host.poll() is None:
+                host.terminate()
+                host.wait(30)
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(30)
