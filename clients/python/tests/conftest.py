@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[3]
 BINARY = Path(os.environ.get("AGORA_BIN", ROOT / "target" / "debug" / "agora"))
 POSTGRES = os.environ.get("AGORA_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432")
 HOSTS = 2
-HOST_TOPOLOGY = """gpus = 2
+GPUS_PER_HOST = 2
+HOST_TOPOLOGY = f"""gpus = {GPUS_PER_HOST}
 gpu_name = "NVIDIA A100-SXM4-80GB"
 memory_gib = 80
 default_ancestor = "node"
@@ -48,6 +49,19 @@ def psql(database: str, sql: str) -> str:
         text=True,
     )
     return result.stdout
+
+
+def spawn(arguments: list[str], env: dict[str, str], stderr: int) -> subprocess.Popen:
+    """`agora ARGUMENTS...` in the background, from the repository's root."""
+    return subprocess.Popen(
+        [str(BINARY), *arguments],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        text=True,
+    )
 
 
 class Server:
@@ -72,15 +86,7 @@ class Server:
         self.log: list[str] = []
         self._listening = threading.Event()
         self.url = ""
-        self.process = subprocess.Popen(
-            [str(BINARY), "serve", "--config", str(config)],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        self.process = spawn(["serve", "--config", str(config)], env, stderr=subprocess.PIPE)
         threading.Thread(target=self._read_log, daemon=True).start()
         if not self._listening.wait(60) or not self.url:
             self.stop()
@@ -88,20 +94,12 @@ class Server:
         topology = folder / "host.toml"
         topology.write_text(HOST_TOPOLOGY)
         self.hosts = [self._start_host(topology, index, worker_token, env) for index in range(HOSTS)]
-        self._wait_for_gpus(2 * HOSTS)
+        self._wait_for_gpus(HOSTS * GPUS_PER_HOST)
 
     def _start_host(self, topology: Path, index: int, token: str, env: dict[str, str]) -> subprocess.Popen:
-        command = [str(BINARY), "worker", "--gpu-backend", "simulated", "--topology", str(topology)]
-        command += ["--arbiter", self.url, "--token", token, "--host", f"host-{index}"]
-        return subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
+        arguments = ["worker", "--gpu-backend", "simulated", "--topology", str(topology)]
+        arguments += ["--arbiter", self.url, "--token", token, "--host", f"host-{index}"]
+        return spawn(arguments, env, stderr=subprocess.DEVNULL)
 
     def _wait_for_gpus(self, count: int) -> None:
         """Until the hosts' GPUs are all in the cluster (they register within a second)."""
