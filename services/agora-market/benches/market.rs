@@ -224,11 +224,13 @@ fn breakdown(scenario: &Scenario) -> String {
             .filter(|gpus| !gpus.is_empty())
             .count();
         let paying = auction.c.values().filter(|&&share| share < 1.0).count();
+        let fallbacks = auction.payment_fallbacks.len();
 
         let _ = writeln!(
             text,
             "  snapshot {index} (t = {} s): {} free GPUs offered, {} active leases, {} bidders, \
-             {} bid entries; {pf_winners} PF winners, {paying} with c < 1, {keepers} keep GPUs | \
+             {} bid entries; {pf_winners} PF winners, {paying} with c < 1 ({fallbacks} by the LP fallback), \
+             {keepers} keep GPUs | \
              clone {:.2} ms, open_round {:.2} ms, bids {:.2} ms, close_round {:.2} ms",
             snapshot.now.0 / 1000,
             stats.free_gpus,

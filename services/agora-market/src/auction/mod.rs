@@ -127,9 +127,10 @@ pub struct AuctionOutcome {
     /// Offered GPUs nobody keeps: hidden payments plus GPUs no PF bundle used. These are the
     /// round's leftovers.
     pub unallocated: Vec<GpuId>,
-    /// Winners whose payment could not be computed within the [`PaymentBudget`]: they keep
-    /// c = 1 (their whole PF bundle) instead of the exact share (docs/mechanism.md). The budget
-    /// counts branch-and-bound nodes, not seconds, so a replay reaches the same list.
+    /// Winners whose payment could not be decided within the [`PaymentBudget`]: their c is
+    /// the LP counterfactual's share (against the LP relaxation of the others' program), never
+    /// above the exact share (docs/mechanism.md). The budget counts branch-and-bound nodes,
+    /// not seconds, so a replay reaches the same list.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub payment_fallbacks: Vec<AppId>,
 }
@@ -239,7 +240,7 @@ impl<'a> Auction<'a> {
     }
 
     /// Every bidder's hidden payment; a payment that needs more than `budget` falls back to
-    /// c = 1 and is listed in [`AuctionOutcome::payment_fallbacks`].
+    /// the LP counterfactual and is listed in [`AuctionOutcome::payment_fallbacks`].
     pub fn payments_within(
         &self,
         pf: &PfChoice,

@@ -18,7 +18,8 @@
 //! - otherwise binary programs decide, one rounding threshold at a time, whether the others'
 //!   optimum without the payer exceeds it (a cut-off search that stops at the first better
 //!   solution), within a deterministic budget of branch-and-bound nodes ([`PaymentBudget`]);
-//!   past it, the payer keeps c_i = 1 and is reported as a fallback (docs/mechanism.md);
+//!   past it, the payer pays against the LP relaxation (the LP counterfactual, never less
+//!   than the exact payment) and is reported as a fallback (docs/mechanism.md);
 //! - the groups of payers, and the components' PF programs, run in parallel, one HiGHS thread
 //!   each.
 
@@ -78,7 +79,7 @@ pub struct PaymentStats {
     pub certified: usize,
     /// Payments that needed branch and bound and finished within the budget.
     pub solved: usize,
-    /// Payments that did not finish within the budget: the payer keeps c_i = 1.
+    /// Payments that did not finish within the budget: c_i against the LP counterfactual.
     pub fallbacks: usize,
     /// Of the settled payments, those known to an interval rather than exactly.
     pub bounded: usize,
@@ -110,7 +111,7 @@ impl ShareBounds {
 #[derive(Debug)]
 pub(super) struct Shares {
     pub shares: Vec<ShareBounds>,
-    /// Bidders whose payment fell back to c_i = 1.
+    /// Bidders whose payment fell back to the LP counterfactual.
     pub fallback: Vec<bool>,
     pub stats: PaymentStats,
 }
@@ -215,21 +216,17 @@ pub(super) fn payments(
             let stats = &mut shares.stats;
             stats.payers += 1;
             stats.programs += payment.programs;
-            match payment.share {
-                Some(share) if payment.programs == 0 => {
-                    stats.certified += 1;
-                    stats.bounded += usize::from(!share.is_exact());
-                    shares.shares[payer] = share;
-                }
-                Some(share) => {
-                    stats.solved += 1;
-                    stats.bounded += usize::from(!share.is_exact());
-                    shares.shares[payer] = share;
-                }
-                None => {
-                    stats.fallbacks += 1;
-                    shares.fallback[payer] = true;
-                }
+            shares.shares[payer] = payment.share;
+            if payment.fell_back {
+                stats.fallbacks += 1;
+                shares.fallback[payer] = true;
+                continue;
+            }
+            stats.bounded += usize::from(!payment.share.is_exact());
+            if payment.programs == 0 {
+                stats.certified += 1;
+            } else {
+                stats.solved += 1;
             }
         }
     }
@@ -264,14 +261,15 @@ fn pf_choice(
         return Ok((vec![best_alone(instance, *only)], Method::Alone));
     }
     let starving = |member: usize| instance.bidders[member].is_starving();
-    let (starving_served, first) = if members.iter().any(|&m| starving(m)) {
-        let served = |member, _| f64::from(u8::from(starving(member)));
-        let (choice, method) = optimum(context, members, served, None)?;
-        let count = members.iter().zip(&choice);
-        let count = count.filter(|&(&m, o)| starving(m) && o.is_some()).count();
-        (Some(count), method)
-    } else {
+    let starving_members: Vec<usize> = members.iter().copied().filter(|&m| starving(m)).collect();
+    let (starving_served, first) = if starving_members.is_empty() {
         (None, Method::Relaxation)
+    } else {
+        // The others serve no starving bidder and can always take nothing: they are left out
+        // of the count's program, which is then over the starving alone.
+        let served = |_, _| 1.0;
+        let (choice, method) = optimum(context, &starving_members, served, None)?;
+        (Some(choice.iter().flatten().count()), method)
     };
     let gain = |member, option| instance.gain(member, option);
     let (choice, second) = optimum(context, members, gain, starving_served)?;
@@ -307,17 +305,20 @@ struct PayerGroup<'a> {
     payers: Vec<usize>,
 }
 
-/// A payment: its share (`None` when the budget ran out) and the binary programs it took.
+/// A payment: its share, the binary programs it took, and whether the budget ran out first
+/// (the share is then the LP counterfactual's, see [`Bracket::settle`]).
 struct Payment {
-    share: Option<ShareBounds>,
+    share: ShareBounds,
     programs: usize,
+    fell_back: bool,
 }
 
 impl Payment {
     fn certified(share: ShareBounds) -> Self {
         Self {
-            share: Some(share),
+            share,
             programs: 0,
+            fell_back: false,
         }
     }
 }
@@ -359,31 +360,25 @@ fn group_payments(
             .collect();
         let relaxation = relaxation
             .get_or_insert_with(|| Relaxation::new(context, members, gain, Some(starving_served)));
-        relaxation.exclude(position, starving_served);
-        let screened = relaxation.solve_integral("payment", Some(&pf_without_payer));
-        let dived = match &screened {
-            Ok(screened) if screened.choice.is_none() => relaxation.dive("payment"),
-            _ => Ok(None),
-        };
-        relaxation.restore(position);
-        let (screened, dived) = (screened?, dived?);
-        if let Some(choice) = screened.choice {
-            let without_payer = welfare(instance, members.iter().copied().zip(choice));
-            payments.push(Payment::certified(ShareBounds::exact(share(
-                with_payer,
-                without_payer,
-            ))));
-            continue;
-        }
-        // A choice without the payer bounds the optimum below; the LP bounds it above.
-        let starts = [Some(pf_without_payer), dived].into_iter().flatten();
-        let optimum = Bracket {
-            with_payer,
-            lower: best_improved(context, members, position, starts).max(with_payer),
-            upper: screened.bound + OBJECTIVE_TOLERANCE * screened.bound.abs().max(1.0),
-        };
         let rounding = roundings[payer].expect("a payer won a bundle");
-        let reach = &screened.reach;
+        relaxation.exclude(position, starving_served);
+        let screened = screen_payment(
+            context,
+            relaxation,
+            members,
+            position,
+            &pf_without_payer,
+            rounding,
+        );
+        relaxation.restore(position);
+        let (optimum, reach) = match screened? {
+            Screened::Exact(without_payer) => {
+                let share = ShareBounds::exact(share(with_payer, without_payer));
+                payments.push(Payment::certified(share));
+                continue;
+            }
+            Screened::Bracketed(optimum, reach) => (optimum, reach),
+        };
         // Only columns that some choice above the threshold could take enter its program.
         let decide = |threshold: f64| {
             let margin = OBJECTIVE_TOLERANCE * threshold.abs().max(1.0);
@@ -397,6 +392,54 @@ fn group_payments(
     Ok(payments)
 }
 
+/// What the LP relaxation without the payer and cheap choices without it tell of the others'
+/// optimum.
+enum Screened {
+    /// The optimum's worth, proved by the LP.
+    Exact(f64),
+    /// Bounds on it, and each column's reach (see [`Screening::reach`]).
+    Bracketed(Bracket, Vec<Vec<f64>>),
+}
+
+/// Screens the payment of the member at `payer` (already excluded from `relaxation`): the LP
+/// bounds the others' optimum above, x* minus the payer (improved by single moves) below. Only
+/// when these bounds leave the GPUs the payer keeps open does a dive from the LP optimum look
+/// for a better lower bound: a dive is a chain of LP re-solves, most of a payment's time.
+fn screen_payment(
+    context: &Context,
+    relaxation: &mut Relaxation,
+    members: &[usize],
+    payer: usize,
+    pf_without_payer: &[Option<usize>],
+    rounding: Rounding,
+) -> Result<Screened, AuctionError> {
+    let worth = |choice: &[Option<usize>]| {
+        welfare(
+            context.instance,
+            members.iter().copied().zip(choice.iter().copied()),
+        )
+    };
+    let screened = relaxation.solve_integral("payment", Some(pf_without_payer))?;
+    if let Some(choice) = screened.choice {
+        return Ok(Screened::Exact(worth(&choice)));
+    }
+    let with_payer = worth(pf_without_payer);
+    let relaxed = screened.bound + OBJECTIVE_TOLERANCE * screened.bound.abs().max(1.0);
+    let improved = |start: Vec<Option<usize>>| worth(&improve(context, members, start, payer));
+    let mut optimum = Bracket {
+        with_payer,
+        lower: improved(pf_without_payer.to_vec()).max(with_payer),
+        upper: relaxed,
+        relaxed,
+    };
+    if !optimum.decides(rounding) {
+        if let Some(dived) = relaxation.dive("payment")? {
+            optimum.lower = optimum.lower.max(improved(dived));
+        }
+    }
+    Ok(Screened::Bracketed(optimum, screened.reach))
+}
+
 /// What is known of the others' optimum without the payer (the PF objective over the payer's
 /// component, serving as many starving bidders as x*), as an interval.
 struct Bracket {
@@ -404,6 +447,9 @@ struct Bracket {
     with_payer: f64,
     lower: f64,
     upper: f64,
+    /// The LP relaxation's optimum without the payer: the first `upper`, kept for the
+    /// fallback.
+    relaxed: f64,
 }
 
 /// The answer of a program asked whether the optimum exceeds a threshold.
@@ -417,6 +463,12 @@ enum Exceeds {
 }
 
 impl Bracket {
+    /// Whether every share in the bracket keeps the same number of GPUs.
+    fn decides(&self, rounding: Rounding) -> bool {
+        let shares = self.shares();
+        rounding.kept(shares.low) == rounding.kept(shares.high)
+    }
+
     /// c_i's interval: a better optimum without the payer means a smaller share.
     fn shares(&self) -> ShareBounds {
         ShareBounds {
@@ -427,7 +479,10 @@ impl Bracket {
 
     /// Narrows the bracket until the number of GPUs the payer keeps is known, asking `decide`
     /// about one rounding threshold at a time (bisecting the counts still possible). `decide`
-    /// returns `None` when its budget ran out.
+    /// returns `None` when its budget ran out: the payment then falls back to the share
+    /// against the LP relaxation's optimum, the LP counterfactual. That share is never above
+    /// the exact c_i, and its denominator does not depend on the payer's bid values, so
+    /// reporting them truthfully still maximises the payer's utility (docs/mechanism.md).
     fn settle(
         mut self,
         rounding: Rounding,
@@ -445,8 +500,9 @@ impl Bracket {
             match decide(threshold)? {
                 None => {
                     return Ok(Payment {
-                        share: None,
+                        share: ShareBounds::exact(share(self.with_payer, self.relaxed)),
                         programs,
+                        fell_back: true,
                     })
                 }
                 Some(Exceeds::Yes { found, bound }) => {
@@ -463,25 +519,12 @@ impl Bracket {
                 }
             }
         }
-        let share = Some(self.shares());
-        Ok(Payment { share, programs })
-    }
-}
-
-/// The best worth of the `starts` (choices without the payer at `payer`, in member order), each
-/// improved by [`improve`].
-fn best_improved(
-    context: &Context,
-    members: &[usize],
-    payer: usize,
-    starts: impl Iterator<Item = Vec<Option<usize>>>,
-) -> f64 {
-    starts
-        .map(|start| {
-            let improved = improve(context, members, start, payer);
-            welfare(context.instance, members.iter().copied().zip(improved))
+        Ok(Payment {
+            share: self.shares(),
+            programs,
+            fell_back: false,
         })
-        .fold(f64::NEG_INFINITY, f64::max)
+    }
 }
 
 /// `choice` (in member order, without the payer at `payer`) improved by single moves, each a

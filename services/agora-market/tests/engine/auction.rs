@@ -1295,9 +1295,19 @@ impl Reference<'_> {
         self.milp(bidders, Some(served))
     }
 
-    /// Maximises the starving served (`served` = `None`), or the welfare with the starving
-    /// served fixed to `served`, over choices of eligible entries of `bidders`.
+    /// The LP relaxation of [`Self::best_welfare`].
+    fn relaxed_welfare(&self, bidders: &[usize], served: usize) -> f64 {
+        self.program(bidders, Some(served), false)
+    }
+
     fn milp(&self, bidders: &[usize], served: Option<usize>) -> f64 {
+        self.program(bidders, served, true)
+    }
+
+    /// Maximises the starving served (`served` = `None`), or the welfare with the starving
+    /// served fixed to `served`, over choices of eligible entries of `bidders`: binary choices
+    /// when `integer`, fractional ones otherwise.
+    fn program(&self, bidders: &[usize], served: Option<usize>, integer: bool) -> f64 {
         let model = self.model;
         let mut problem = highs::RowProblem::default();
         let mut per_class = vec![Vec::new(); model.capacity.len()];
@@ -1312,7 +1322,11 @@ impl Reference<'_> {
                     None => f64::from(u8::from(model.is_starving(bidder))),
                     Some(_) => model.gain(bidder, entry),
                 };
-                let column = problem.add_integer_column(cost, 0..=1);
+                let column = if integer {
+                    problem.add_integer_column(cost, 0..=1)
+                } else {
+                    problem.add_column(cost, 0..=1)
+                };
                 row.push((column, 1.0));
                 for (class, &count) in table_entry.counts.iter().enumerate() {
                     if count > 0 {
@@ -1452,6 +1466,47 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(config())]
+
+    /// With no budget for binary programs, every payment the LP and the bracket cannot decide
+    /// falls back to the LP counterfactual: c_i against the reference's LP relaxation of the
+    /// others' program, never above the exact c_i, so the payer never keeps more GPUs than with
+    /// the exact payment. Every other payment is the exact one (or an interval around it).
+    #[test]
+    fn a_fallback_pays_against_the_lp_relaxation_and_never_keeps_more(spec in tie_spec()) {
+        let (offer, bids) = (spec.offer(), spec.bids());
+        let auction = Auction::new(&offer, &bids).expect("valid");
+        let pf = auction.proportional_fair().expect("solved");
+        let exact = auction.settle(&pf, &auction.payments(&pf, spec.seed).expect("solved"));
+        prop_assert!(exact.payment_fallbacks.is_empty());
+        let no_programs = PaymentBudget { branch_and_bound_nodes: 0 };
+        let capped = auction.payments_within(&pf, spec.seed, no_programs).expect("solved");
+        let capped = auction.settle(&pf, &capped);
+        prop_assert_eq!(&capped.pf, &exact.pf);
+        let model = Model::new(&offer, &bids);
+        let reference = Reference { model: &model };
+        let choice = model.choice_of(&exact);
+        for (bidder, model_bidder) in model.bidders.iter().enumerate() {
+            let app = &model_bidder.app;
+            let kept = |outcome: &AuctionOutcome| outcome.allocation[app].len();
+            prop_assert!(kept(&capped) <= kept(&exact), "{} keeps more after a fallback", app);
+            if !capped.payment_fallbacks.contains(app) {
+                prop_assert_eq!(kept(&capped), kept(&exact));
+                continue;
+            }
+            let others: Vec<usize> =
+                reference.component_of(bidder).into_iter().filter(|&b| b != bidder).collect();
+            let served = others.iter().filter(|&&b| model.is_starving(b) && choice[b].is_some()).count();
+            let with_payer = welfare_of(&model, &choice, &others);
+            let lp_share = (with_payer - reference.relaxed_welfare(&others, served)).exp();
+            assert_close(capped.c[app], lp_share, 1e-6, "c against the LP counterfactual");
+            let exact_share = (with_payer - reference.best_welfare(&others, served)).exp();
+            prop_assert!(capped.c[app] <= exact_share + 1e-9, "{}: {} above the exact {}", app, capped.c[app], exact_share);
+        }
+    }
+}
+
 #[test]
 fn a_payment_is_decided_only_as_far_as_its_rounding_needs_and_falls_back_past_its_budget() {
     // Without p, a, b and c compete for g0..g2 in an odd cycle: the LP relaxation takes half
@@ -1471,7 +1526,7 @@ fn a_payment_is_decided_only_as_far_as_its_rounding_needs_and_falls_back_past_it
     let no_branching = PaymentBudget {
         branch_and_bound_nodes: 0,
     };
-    let (mut by_bracket, mut by_program) = (0, 0);
+    let (mut by_bracket, mut by_program, mut heavier) = (0, 0, 0);
     for seed in 0..40 {
         let payments = auction.payments(&pf, seed).expect("solved");
         let outcome = auction.settle(&pf, &payments);
@@ -1497,26 +1552,35 @@ fn a_payment_is_decided_only_as_far_as_its_rounding_needs_and_falls_back_past_it
         } else {
             by_program += 1;
             assert_eq!((stats.solved, stats.programs), (1, 1));
-            // Past its budget the payment falls back to c = 1, and the outcome says so.
-            assert_eq!(
+            // Past its budget the payment falls back to the LP counterfactual: c_p against the
+            // relaxation's 1.5 ln 2, 2^-1.5 (c_p * 3 = 1.06), below the exact 1/2; the outcome
+            // says so, and p never keeps more GPUs than with the exact share.
+            let lp_share = 0.5f64.powf(1.5);
+            assert_close(
                 capped_outcome.c[&app("p")],
-                1.0,
-                "the fallback charges nothing"
+                lp_share,
+                1e-7,
+                "c_p, LP fallback",
             );
-            assert_eq!(
-                capped_outcome.allocation[&app("p")],
-                gpus(&["g0", "g1", "g2"])
-            );
+            assert!(capped_outcome.c_bounds.is_empty(), "{capped_outcome:?}");
+            let capped_kept = capped_outcome.allocation[&app("p")].len();
+            assert!(capped_kept <= kept, "seed {seed}: {capped_kept} > {kept}");
+            heavier += usize::from(capped_kept < kept);
             assert_eq!(capped_outcome.payment_fallbacks, vec![app("p")]);
             assert_eq!(capped.stats().fallbacks, 1);
             let json = serde_json::to_value(&capped_outcome).expect("serialisable");
             assert_eq!(json["payment_fallbacks"], serde_json::json!(["p"]));
         }
     }
-    // About 44% of draws fall in (0.06, 0.5).
+    // About 44% of draws fall in (0.06, 0.5), where the exact share keeps 2 GPUs and the LP
+    // counterfactual's (c_p * 3 = 1.06) keeps 1 for all but draws below 0.06.
     assert!(
         by_bracket >= 10 && by_program >= 10,
         "{by_bracket} by bracket, {by_program} by program"
+    );
+    assert_eq!(
+        heavier, by_program,
+        "draws where the fallback keeps fewer GPUs"
     );
 }
 
