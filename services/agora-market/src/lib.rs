@@ -14,6 +14,7 @@ pub mod auction;
 pub mod baselines;
 pub mod bids;
 pub mod cluster_file;
+pub mod error;
 pub mod fairness;
 pub mod hosts;
 pub mod lease;

@@ -17,14 +17,14 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::app::{App, AppId};
-use crate::auction::{run_auction, AppBid, AuctionError, AuctionOutcome, Offer, OfferedGpu};
+use crate::auction::{run_auction, AppBid, AuctionOutcome, Offer, OfferedGpu};
 use crate::baselines::{self, Contender, RoundView};
 use crate::bids::{generate_bid, BidConfig, PreparedOffer};
 use crate::fairness::{
     cluster_time, independent_finish_time, rho, ContentionTracker, FairnessContext, Lifetime,
 };
-use crate::hosts::{Host, HostDirectory, HostError, HostSpec};
-use crate::lease::{Lease, LeaseBook, LeaseError, LeaseId};
+use crate::hosts::{Host, HostDirectory, HostSpec};
+use crate::lease::{Lease, LeaseBook, LeaseId};
 use crate::leftover::{LeftoverPolicy, Recipient};
 use crate::policy::Policy;
 use crate::rho::RhoOld;
@@ -33,6 +33,9 @@ use crate::round::{
 };
 use crate::time::Timestamp;
 use crate::topology::{Cluster, GpuId, GpuIndex, GpuLocation};
+
+pub use crate::error::MarketError;
+pub use crate::round::Standing;
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MarketConfig {
@@ -80,39 +83,6 @@ impl MarketConfig {
             .ceil()
             .max(1.0) as usize
     }
-}
-
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum MarketError {
-    #[error("the fairness knob f must lie in [0, 1), got {0}")]
-    InvalidFairnessKnob(f64),
-    #[error("app {0} is already in the market")]
-    DuplicateApp(AppId),
-    #[error("app {0} is not in the market")]
-    UnknownApp(AppId),
-    #[error("app {0} was not offered GPUs in this round, so it cannot bid")]
-    NotABidder(AppId),
-    #[error("GPU {0} changed hands since the round was opened; open a new round")]
-    StaleOffer(GpuId),
-    #[error(
-        "the reauction-next-worst leftover policy is only available to the simulator: its \
-         leftover bids come from the engine's agents, not from the recorded round inputs; use \
-         random-to-non-bidders for rounds that must be replayed"
-    )]
-    ReauctionNotReplayable,
-    #[error(
-        "GPU index {} is outside the cluster; restore leases onto the cluster that granted them",
-        .0.0
-    )]
-    GpuOutsideCluster(GpuIndex),
-    #[error(transparent)]
-    Lease(#[from] LeaseError),
-    #[error(transparent)]
-    Host(#[from] HostError),
-    #[error(transparent)]
-    Topology(#[from] crate::topology::TopologyError),
-    #[error(transparent)]
-    Auction(#[from] AuctionError),
 }
 
 /// An active app and what fairness needs to remember about it.
@@ -178,14 +148,6 @@ pub struct Market {
     /// GPUs whose lease each app held until it expired, since the last round: the app still
     /// stands as if it held them, and may renew onto them.
     claims: BTreeMap<AppId, BTreeSet<GpuIndex>>,
-}
-
-/// An app's standing when a round opens.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Standing {
-    pub app: AppId,
-    pub rho: RhoOld,
-    pub unmet_demand: usize,
 }
 
 /// The visibility phase of a round: what is offered, and to whom.

@@ -10,13 +10,22 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::AppId;
 use crate::auction::{run_auction, AppBid, AuctionOutcome, Offer, OfferedGpu};
+use crate::error::MarketError;
 use crate::leftover::{hand_out_at_random, hand_out_in_order, LeftoverPolicy, Recipient};
-use crate::market::{MarketError, Standing};
+use crate::rho::RhoOld;
 use crate::time::Timestamp;
 use crate::topology::{GpuId, GpuLocation};
 
 /// GPUs given to each app.
 pub type Grants = BTreeMap<AppId, Vec<GpuId>>;
+
+/// An app's standing when a round opens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Standing {
+    pub app: AppId,
+    pub rho: RhoOld,
+    pub unmet_demand: usize,
+}
 
 /// Everything a round's decision depends on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -20,6 +20,7 @@ use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::MetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::Resource;
 use tracing::span::{Attributes, Id};
 use tracing::Subscriber;
 use tracing_subscriber::layer::{Context, Layer};
@@ -82,6 +83,20 @@ pub(crate) fn shutdown() {
     }
 }
 
+/// The service's identity in telemetry: `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`,
+/// with `agora` as the service name when neither names one.
+pub(crate) fn resource(var: &dyn Fn(&str) -> Option<String>) -> Resource {
+    let named = var("OTEL_SERVICE_NAME").is_some()
+        || var("OTEL_RESOURCE_ATTRIBUTES")
+            .is_some_and(|attributes| attributes.contains("service.name"));
+    let builder = Resource::builder();
+    if named {
+        builder.build()
+    } else {
+        builder.with_service_name("agora").build()
+    }
+}
+
 impl Metrics {
     fn new(otlp: Option<PeriodicReader<MetricExporter>>) -> Self {
         let registry = prometheus::Registry::new();
@@ -92,7 +107,7 @@ impl Metrics {
             .expect("a new registry has room for the exporter");
         let mut provider = SdkMeterProvider::builder()
             .with_reader(prometheus)
-            .with_resource(crate::telemetry::resource(&|name| std::env::var(name).ok()));
+            .with_resource(resource(&|name| std::env::var(name).ok()));
         if let Some(otlp) = otlp {
             provider = provider.with_reader(otlp);
         }

@@ -20,7 +20,6 @@ use opentelemetry_otlp::{MetricExporter, SpanExporter};
 use opentelemetry_sdk::metrics::PeriodicReader;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use opentelemetry_sdk::Resource;
 use tracing::{Instrument, Level, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::filter::{EnvFilter, Targets};
@@ -76,7 +75,7 @@ impl Exporters {
                 )),
             }
         };
-        let resource = resource(var);
+        let resource = metrics::resource(var);
         match wanted("TRACES").and_then(|on| on.then(build_span_exporter).transpose()) {
             Ok(exporter) => {
                 exporters.traces = exporter.map(|exporter| {
@@ -111,20 +110,6 @@ fn build_metric_exporter() -> Result<MetricExporter, String> {
         .with_http()
         .build()
         .map_err(|error| format!("metrics are not exported over OTLP: {error}"))
-}
-
-/// The service's identity in telemetry: `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`,
-/// with `agora` as the service name when neither names one.
-pub(crate) fn resource(var: &dyn Fn(&str) -> Option<String>) -> Resource {
-    let named = var("OTEL_SERVICE_NAME").is_some()
-        || var("OTEL_RESOURCE_ATTRIBUTES")
-            .is_some_and(|attributes| attributes.contains("service.name"));
-    let builder = Resource::builder();
-    if named {
-        builder.build()
-    } else {
-        builder.with_service_name("agora").build()
-    }
 }
 
 /// Installed telemetry. Dropping it exports what is still buffered and stops the exporters;
