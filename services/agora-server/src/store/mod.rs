@@ -6,12 +6,14 @@
 //! its leases and the events that tell apps about them land together or not at all. The
 //! exclusion constraint on `lease_gpus` is the last line of defence against a GPU leased twice.
 
+mod bid_rows;
 mod dashboard;
 mod reads;
 mod workers;
 mod writer;
 mod writes;
 
+pub use bid_rows::{BidSource, NewBid};
 pub use dashboard::*;
 pub use reads::*;
 pub use workers::*;

@@ -12,7 +12,7 @@ use serde_json::Value;
 use sqlx::{Postgres, Transaction};
 use utoipa::ToSchema;
 
-use super::writer::{insert_bids, BidSource, NewBid};
+use super::bid_rows::{insert_bids, BidSource, NewBid};
 use super::{Store, StoreError};
 use crate::clock::to_datetime;
 
