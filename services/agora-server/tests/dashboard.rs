@@ -358,7 +358,12 @@ async fn the_rounds_stream_resumes_after_last_event_id_and_follows_new_rounds() 
         .await
         .expect("stream opens");
     service.clock.advance(Duration::from_secs(61));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The new round is open once the tuner, whose lease ended, is offered GPUs in it.
+    let reoffered =
+        |event: &Value| event["kind"] == "offer" && event["payload"]["round"].as_i64() > Some(2);
+    service
+        .wait_for_event(&market.vision, market.tuner, reoffered)
+        .await;
     service.clock.advance(Duration::from_secs(11));
     let chunk = tokio::time::timeout(Duration::from_secs(10), response.next())
         .await

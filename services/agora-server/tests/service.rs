@@ -98,7 +98,8 @@ async fn full_flow_register_offer_bid_lease_expiry_reauction_finish_and_audit() 
     // Leases end after 60 s; the freed GPUs are auctioned again. The tuner stays silent, so
     // the round waits for its deadline (10 s) and takes its agent's fallback bid.
     service.clock.advance(Duration::from_secs(61));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The round that re-auctions them is open once the tuner is offered GPUs in it.
+    next_offer(&service, &vision, tuner, round).await;
     service.clock.advance(Duration::from_secs(11));
     let leases = service
         .wait_for_leases(&vision, agent_app, |leases| {
@@ -152,16 +153,10 @@ async fn full_flow_register_offer_bid_lease_expiry_reauction_finish_and_audit() 
 
 /// The next offer for `app` in a round after `after_round`.
 async fn next_offer(service: &support::Service, token: &str, app: i64, after_round: i64) -> Value {
-    let mut after = 0;
-    for _ in 0..20 {
-        for event in service.events(token, app, after).await {
-            after = event["id"].as_i64().expect("id");
-            if event["kind"] == "offer" && event["payload"]["round"].as_i64() > Some(after_round) {
-                return event["payload"].clone();
-            }
-        }
-    }
-    panic!("no offer for app {app} after round {after_round}");
+    let later_offer = |event: &Value| {
+        event["kind"] == "offer" && event["payload"]["round"].as_i64() > Some(after_round)
+    };
+    service.wait_for_event(token, app, later_offer).await["payload"].clone()
 }
 
 #[actix_web::test]
@@ -864,7 +859,7 @@ async fn turns_of_a_contested_market(service: &support::Service, turns: &[Turn])
             }
             None => service.clock.advance(Duration::from_secs(11)),
         }
-        let detail = decided(service, round).await;
+        let detail = decided(service, &vision, tuner, round).await;
         assert_eq!(detail["status"], "closed", "{detail}");
         rounds.push(round);
         if turn == Turn::OtherFinishesMidRound {
@@ -899,7 +894,10 @@ async fn turns_of_a_contested_market(service: &support::Service, turns: &[Turn])
             let bid = bid_for(tuner, &offer, free);
             let (status, body) = service.call("POST", &path, &vision, Some(bid)).await;
             assert_eq!(status, 201, "{body}");
-            assert_eq!(decided(service, round).await["status"], "closed");
+            assert_eq!(
+                decided(service, &vision, tuner, round).await["status"],
+                "closed"
+            );
         }
         service
             .wait_for_leases(&vision, tuner, |leases| {
@@ -914,19 +912,17 @@ async fn turns_of_a_contested_market(service: &support::Service, turns: &[Turn])
     rounds
 }
 
-/// Round `round` once it is no longer open.
-async fn decided(service: &support::Service, round: i64) -> Value {
-    for _ in 0..400 {
-        let (status, detail) = service
-            .call("GET", &format!("/v1/rounds/{round}"), ADMIN, None)
-            .await;
-        assert_eq!(status, 200, "{detail}");
-        if detail["status"] != "open" {
-            return detail;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("round {round} was never decided");
+/// Round `round` once it is decided: `bidder`, offered GPUs in it, is told its result.
+async fn decided(service: &support::Service, token: &str, bidder: i64, round: i64) -> Value {
+    let result_of_round = |event: &Value| {
+        event["kind"] == "round_result" && event["payload"]["round"].as_i64() == Some(round)
+    };
+    service.wait_for_event(token, bidder, result_of_round).await;
+    let (status, detail) = service
+        .call("GET", &format!("/v1/rounds/{round}"), ADMIN, None)
+        .await;
+    assert_eq!(status, 200, "{detail}");
+    detail
 }
 
 /// D1: a tenant finishing its apps on a timer, each time while a round collects bids, never

@@ -190,26 +190,43 @@ impl Service {
 
     /// Waits for an event of `kind` for `app`, returning its payload.
     pub async fn wait_for(&self, token: &str, app: i64, kind: &str) -> Value {
+        self.wait_for_event(token, app, |event| event["kind"] == kind)
+            .await["payload"]
+            .clone()
+    }
+
+    /// Waits for the first event of `app` that `matches`, and returns it. Long-polls the app's
+    /// events, so it wakes as soon as the service writes one: no sleeping, no polling.
+    pub async fn wait_for_event(
+        &self,
+        token: &str,
+        app: i64,
+        matches: impl Fn(&Value) -> bool,
+    ) -> Value {
         let mut after = 0;
+        // Each poll waits up to 5 s for a new event.
         for _ in 0..20 {
             for event in self.events(token, app, after).await {
                 after = event["id"].as_i64().expect("id");
-                if event["kind"] == kind {
-                    return event["payload"].clone();
+                if matches(&event) {
+                    return event;
                 }
             }
         }
-        panic!("no {kind} event for app {app}");
+        panic!("no matching event for app {app}");
     }
 
-    /// Waits until `check` holds on the app's leases.
+    /// Waits until `check` holds on the app's leases. Every change of a lease is an event of
+    /// its app (`lease_granted`, `lease_ended`) written with it, so the leases are read again
+    /// only when one arrives.
     pub async fn wait_for_leases(
         &self,
         token: &str,
         app: i64,
         check: impl Fn(&[Value]) -> bool,
     ) -> Vec<Value> {
-        for _ in 0..200 {
+        let mut after = 0;
+        for _ in 0..20 {
             let (_, leases) = self
                 .call("GET", &format!("/v1/apps/{app}/leases"), token, None)
                 .await;
@@ -217,7 +234,9 @@ impl Service {
             if check(&leases) {
                 return leases;
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            if let Some(last) = self.events(token, app, after).await.last() {
+                after = last["id"].as_i64().expect("id");
+            }
         }
         panic!("the leases of app {app} never reached the expected state");
     }
