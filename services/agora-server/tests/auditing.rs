@@ -7,6 +7,7 @@ mod support;
 use std::time::Duration;
 
 use agora_server::audit::replay_round;
+use agora_server::demo::DemoOptions;
 use agora_server::store::Store;
 use sqlx::postgres::PgRow;
 use sqlx::{Connection, PgConnection, Row};
@@ -150,7 +151,8 @@ async fn every_round_of_a_demo_run_replays_exactly_with_only_the_auditors_rights
     let mut settings = config(&database);
     agora_server::demo::adjust(&mut settings).expect("demo settings");
     let service = serve(&settings, start_clock()).await;
-    agora_server::demo::start(&service.running, &settings)
+    let clock = std::sync::Arc::new(service.clock.clone());
+    agora_server::demo::start(&service.running, &settings, clock, DemoOptions::default())
         .await
         .expect("the demo starts");
 
