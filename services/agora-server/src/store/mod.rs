@@ -7,12 +7,14 @@
 //! exclusion constraint on `lease_gpus` is the last line of defence against a GPU leased twice.
 
 mod dashboard;
+mod history;
 mod reads;
 mod workers;
 mod writer;
 mod writes;
 
 pub use dashboard::*;
+pub use history::*;
 pub use reads::*;
 pub use workers::*;
 pub use writer::*;
