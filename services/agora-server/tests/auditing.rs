@@ -152,9 +152,17 @@ async fn every_round_of_a_demo_run_replays_exactly_with_only_the_auditors_rights
     agora_server::demo::adjust(&mut settings).expect("demo settings");
     let service = serve(&settings, start_clock()).await;
     let clock = std::sync::Arc::new(service.clock.clone());
-    agora_server::demo::start(&service.running, &settings, clock, DemoOptions::default())
-        .await
-        .expect("the demo starts");
+    let tokens_file =
+        std::env::temp_dir().join(format!("agora-demo-tokens-{}", std::process::id()));
+    agora_server::demo::start(
+        &service.running,
+        &settings,
+        clock,
+        DemoOptions::default(),
+        &tokens_file,
+    )
+    .await
+    .expect("the demo starts");
 
     // The demo's apps bid and report progress over HTTP; leases expiring (on the manual
     // clock) start round after round.

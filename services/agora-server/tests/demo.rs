@@ -63,6 +63,7 @@ async fn after_ten_minutes_of_demo_rounds_still_come_every_few_seconds_with_seve
         ADMIN.to_owned(),
         Arc::new(clock.clone()),
         options,
+        None,
     )
     .await
     .expect("demo starts");
@@ -135,4 +136,46 @@ async fn after_ten_minutes_of_demo_rounds_still_come_every_few_seconds_with_seve
     assert!(late >= 3, "{late} apps arrived after minute 5");
     assert!(starving >= 3, "{starving} apps starved for a while");
     service.running.stop().await;
+}
+
+#[actix_web::test]
+async fn a_restarted_demo_goes_on_as_the_same_tenants_with_new_apps() {
+    let database_url = fresh_database().await;
+    let config = config(&database_url);
+    let tokens = std::env::temp_dir().join(format!("agora-demo-restart-{}", std::process::id()));
+    let clock = start_clock();
+    let mut live = Vec::new();
+    for _run in 0..2 {
+        let service = serve(&config, clock.clone()).await;
+        let mut demo = Demo::new(
+            service.base.clone(),
+            ADMIN.to_owned(),
+            Arc::new(clock.clone()),
+            DemoOptions::default(),
+            Some(&tokens),
+        )
+        .await
+        .expect("demo starts");
+        demo.step().await;
+        live.push(demo.live_apps());
+        let (_, me) = service.call("GET", "/v1/me", ADMIN, None).await;
+        let unfinished = me["apps"]
+            .as_array()
+            .expect("apps")
+            .iter()
+            .filter(|app| app["finished_at"].is_null())
+            .count();
+        assert_eq!(
+            unfinished,
+            demo.live_apps(),
+            "only this run's apps are active: {me}"
+        );
+        service.running.stop().await;
+        clock.advance(Duration::from_secs(60));
+    }
+    assert!(
+        live.iter().all(|&apps| apps > 0),
+        "apps in both runs: {live:?}"
+    );
+    std::fs::remove_file(&tokens).expect("the tokens were kept");
 }

@@ -52,7 +52,8 @@ impl ServeArgs {
             if self.demo {
                 let options = DemoOptions::new(self.demo_seed, self.demo_rate)
                     .map_err(|message| anyhow::anyhow!(message))?;
-                agora_server::demo::start(&running, &config, clock, options).await?;
+                let tokens_file = std::path::Path::new(agora_server::demo::DEMO_TENANT_TOKENS_FILE);
+                agora_server::demo::start(&running, &config, clock, options, tokens_file).await?;
             }
             tokio::select! {
                 signal = shutdown_signal() => signal?,

@@ -1,6 +1,7 @@
 //! The living demo's driver: plays the demo tenants' HPO frameworks through the real HTTP API.
 //! Each [`Demo::step`] reads the service's clock (never the wall clock), registers the apps
-//! whose arrival is due while the market's demand is below three times the cluster, bids for
+//! whose arrival is due while the market's demand is below three times the cluster (at the
+//! first step, arrivals come at once until it is: the market opens contended), bids for
 //! the apps that bid explicitly, and reports the progress the GPUs each app holds made since
 //! the last step; a search stops its worst half of trials at each phase's end. What happens
 //! depends only on the seed, the clock and the service's answers; how often steps run (every
@@ -8,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::iter::Peekable;
+use std::path::Path;
 use std::sync::Arc;
 
 use agora_market::time::Timestamp;
@@ -35,17 +37,28 @@ pub struct Demo {
     plan: Peekable<Plan>,
     gpus: u32,
     apps: Vec<LiveApp>,
+    /// Demand has reached [`DEMAND_OVER_GPUS`] times the cluster once: arrivals now follow the
+    /// plan's times.
+    opened: bool,
 }
 
 impl Demo {
-    /// Creates the demo tenants (logging their tokens) and reads the cluster's size.
+    /// Creates the demo tenants (logging their tokens) and reads the cluster's size. With
+    /// `tokens_file`, tenants' tokens are kept there, so that a restart on the same database
+    /// goes on as the same tenants (withdrawing the apps the earlier run left: their
+    /// frameworks are gone).
     pub async fn new(
         base: String,
         admin: String,
         clock: Arc<dyn Clock>,
         options: DemoOptions,
+        tokens_file: Option<&Path>,
     ) -> anyhow::Result<Self> {
         let client = awc::Client::default();
+        let kept: BTreeMap<String, String> = tokens_file
+            .and_then(|file| std::fs::read_to_string(file).ok())
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default();
         let mut tokens = Vec::new();
         for tenant in TENANTS {
             let body = json!({ "name": tenant });
@@ -60,14 +73,23 @@ impl Demo {
                 }
                 // 409: the tenant exists (a restart on the same database).
                 Err(error) if error.to_string().starts_with("409") => {
-                    tracing::info!(tenant, "demo tenant exists from an earlier run on this database (its token was printed then); no new apps are added for it");
-                    None
+                    resume(&client, &base, tenant, kept.get(tenant)).await
                 }
                 Err(error) => {
                     tracing::warn!(tenant, %error, "demo tenant not created; no apps are added for it");
                     None
                 }
             });
+        }
+        if let Some(file) = tokens_file {
+            let known: BTreeMap<&str, &String> = TENANTS
+                .iter()
+                .zip(&tokens)
+                .filter_map(|(tenant, token)| Some((*tenant, token.as_ref()?)))
+                .collect();
+            if let Err(error) = super::write_private(file, &serde_json::to_string(&known)?) {
+                tracing::warn!(file = %file.display(), %error, "demo cannot keep its tenants' tokens; a restart adds no apps");
+            }
         }
         let cluster = get(&client, &base, &admin, "/v1/cluster").await?;
         let gpus = cluster["gpus"].as_array().map_or(0, Vec::len) as u32;
@@ -83,6 +105,7 @@ impl Demo {
             plan: Plan::new(options).peekable(),
             gpus,
             apps: Vec::new(),
+            opened: false,
         })
     }
 
@@ -118,16 +141,19 @@ impl Demo {
     }
 
     /// Registers the arrivals due by `now` while demand is below [`DEMAND_OVER_GPUS`] times the
-    /// cluster; a due arrival waits while the market is that full.
+    /// cluster; a due arrival waits while the market is that full. Until demand first reaches
+    /// that, arrivals come at once: the market opens contended.
     async fn admit(&mut self, now: Timestamp) {
         let since_start = now.0.saturating_sub(self.started.0);
         loop {
             let demand: u32 = self.apps.iter().map(|app| app.trials.width()).sum();
+            let full = demand >= DEMAND_OVER_GPUS * self.gpus;
+            self.opened |= full;
             let due = self
                 .plan
                 .peek()
-                .is_some_and(|arrival| arrival.at_ms <= since_start);
-            if !due || demand >= DEMAND_OVER_GPUS * self.gpus {
+                .is_some_and(|arrival| !self.opened || arrival.at_ms <= since_start);
+            if !due || full {
                 return;
             }
             let Some(arrival) = self.plan.next() else {
@@ -153,12 +179,20 @@ impl Demo {
     }
 
     async fn register(&self, arrival: &Arrival, token: &str) -> anyhow::Result<i64> {
-        let body = json!({
+        let mut body = json!({
             "name": arrival.name,
             "bidding": if arrival.explicit { "explicit" } else { "agent" },
             "app": arrival.shape.app(),
         });
-        let registered = post(&self.client, &self.base, token, "/v1/apps", body).await?;
+        let registered = match post(&self.client, &self.base, token, "/v1/apps", body.clone()).await
+        {
+            // 409: an earlier run on this database used the name; this run's start tells them apart.
+            Err(error) if error.to_string().starts_with("409") => {
+                body["name"] = json!(format!("{}-{}", arrival.name, self.started.0 / 1_000));
+                post(&self.client, &self.base, token, "/v1/apps", body).await?
+            }
+            answer => answer?,
+        };
         registered["id"]
             .as_i64()
             .ok_or_else(|| anyhow!("registration answered {registered}"))
@@ -175,6 +209,39 @@ impl Demo {
         }
         Ok(held)
     }
+}
+
+/// A demo tenant made by an earlier run: its kept token, if it still signs in as the tenant,
+/// after the apps that run left unfinished are withdrawn.
+async fn resume(
+    client: &awc::Client,
+    base: &str,
+    tenant: &str,
+    token: Option<&String>,
+) -> Option<String> {
+    let me = match token {
+        Some(token) => get(client, base, token, "/v1/me").await.ok(),
+        None => None,
+    };
+    let (Some(token), Some(me)) = (token, me.filter(|me| me["tenant"] == tenant)) else {
+        tracing::info!(tenant, "demo tenant exists from an earlier run on this database and its token is not kept (it was printed then); no new apps are added for it");
+        return None;
+    };
+    let unfinished: Vec<i64> = me["apps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|app| app["finished_at"].is_null())
+        .filter_map(|app| app["id"].as_i64())
+        .collect();
+    for app in &unfinished {
+        let path = format!("/v1/apps/{app}/finish");
+        if let Err(error) = post(client, base, token, &path, json!({})).await {
+            tracing::warn!(tenant, app, %error, "demo cannot withdraw an app of its earlier run");
+        }
+    }
+    tracing::info!(tenant, token = %token, withdrawn = unfinished.len(), "demo tenant resumed with its kept token; the apps of the earlier run are withdrawn");
+    Some(token.clone())
 }
 
 /// A registered app the demo plays the framework of.

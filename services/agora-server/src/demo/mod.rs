@@ -25,6 +25,10 @@ use crate::server::Running;
 /// How often `agora serve --demo` steps the demo (wall time: it paces, never decides).
 const STEP_EVERY: Duration = Duration::from_millis(500);
 
+/// Where the demo keeps its tenants' tokens, so that a restart on the same database goes on as
+/// the same tenants.
+pub const DEMO_TENANT_TOKENS_FILE: &str = ".agora/demo-tenant-tokens";
+
 /// Where the demo keeps the admin token it made, when none was configured: the same token at
 /// every start, so a dashboard signed in as admin stays signed in across restarts.
 pub const DEMO_ADMIN_TOKEN_FILE: &str = ".agora/demo-admin-token";
@@ -95,7 +99,7 @@ pub fn adjust_with(config: &mut ServerConfig, token_file: &Path) -> anyhow::Resu
 }
 
 /// Writes `text` to a new file only its owner may read.
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+pub(crate) fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut file = std::fs::OpenOptions::new()
@@ -108,20 +112,36 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     file.write_all(b"\n")
 }
 
-/// Creates the demo's tenants, registers the opening wave of apps, and steps the demo in the
-/// background for as long as the service runs.
+/// Creates the demo's tenants (keeping their tokens in `tokens_file`, usually
+/// [`DEMO_TENANT_TOKENS_FILE`]), registers the first apps, and steps the demo in the background
+/// for as long as the service runs.
 pub async fn start(
     running: &Running,
     config: &ServerConfig,
     clock: Arc<dyn Clock>,
     options: DemoOptions,
+    tokens_file: &Path,
 ) -> anyhow::Result<()> {
     let base = format!("http://{}", running.address);
     let admin = config
         .admin_token
         .clone()
         .ok_or_else(|| anyhow!("the demo needs an admin token"))?;
-    let mut demo = Demo::new(base.clone(), admin.clone(), clock, options).await?;
+    if let Some(directory) = tokens_file
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(directory)
+            .with_context(|| format!("cannot create {}", directory.display()))?;
+    }
+    let mut demo = Demo::new(
+        base.clone(),
+        admin.clone(),
+        clock,
+        options,
+        Some(tokens_file),
+    )
+    .await?;
     demo.step().await;
     let dashboard = format!("{base}/");
     tracing::info!(
