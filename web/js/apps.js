@@ -24,19 +24,36 @@ export async function showApps(container, context, appId) {
   return { update: refresh };
 }
 
+/**
+ * The app list, grouped by tenant for the admin. Rebuilt only when what it shows changed, so
+ * focus and scroll stay put while rounds run.
+ */
 async function renderList(list, context, selected) {
   const fairness = await get('/v1/fairness');
   const atStart = new Map(fairness.apps.filter((app) => app.app_id != null).map((app) => [app.app_id, app.rho]));
+  const meta = (app) => (app.finished_at ? 'finished' : `ρ at round start ${atStart.has(app.id) ? rho(atStart.get(app.id)) : '–'}`);
+  const shown = JSON.stringify([selected, context.me.apps.map((app) => [app.id, meta(app)])]);
+  if (list.dataset.shown === shown) return;
+  list.dataset.shown = shown;
   if (!context.me.apps.length) {
     list.replaceChildren(h('li', {}, 'No apps yet: register one with POST /v1/apps.'));
     return;
   }
-  list.replaceChildren(...context.me.apps.map((app) => h('li', {},
+  const item = (app) => h('li', {},
     h('a', { href: `#/apps/${app.id}`, 'aria-current': app.id === selected ? 'true' : null, 'data-app': app.id },
       h('span', { class: 'title' }, h('span', { class: 'swatch', style: `background:${appColour(app.id).fill}` }), app.name),
-      h('span', { class: 'meta' },
-        context.admin ? `${app.tenant} · ` : '',
-        app.finished_at ? 'finished' : `ρ at round start ${atStart.has(app.id) ? rho(atStart.get(app.id)) : '–'}`)))));
+      h('span', { class: 'meta' }, meta(app))));
+  if (!context.admin) {
+    list.replaceChildren(...context.me.apps.map(item));
+    return;
+  }
+  const byTenant = [...Map.groupBy(context.me.apps, (app) => app.tenant)].sort(([a], [b]) => a.localeCompare(b));
+  list.replaceChildren(...byTenant.map(([tenant, apps]) => {
+    const active = apps.filter((app) => !app.finished_at).length;
+    return h('li', { class: 'app-group', 'data-tenant': tenant },
+      h('h3', {}, `${tenant}: ${active} active, ${apps.length - active} finished`),
+      h('ul', { class: 'list', 'aria-label': `Apps of ${tenant}` }, apps.map(item)));
+  }));
 }
 
 async function renderDetail(detail, context, appId) {
@@ -48,14 +65,14 @@ async function renderDetail(detail, context, appId) {
   const now = Date.now();
   const [why, history, rounds, leases] = await Promise.all([
     get(`/v1/apps/${appId}/why`),
-    get(`/v1/apps/${appId}/rho-history`),
+    get(`/v1/apps/${appId}/rho-history?range=1h`),
     get(`/v1/apps/${appId}/rounds?limit=50`),
     get(`/v1/apps/${appId}/leases`),
   ]);
   const openBids = new Set([...detail.querySelectorAll('details[open]')].map((node) => node.dataset.round));
   const rhoContainer = detail.querySelector('#rho-chart') ?? h('div', { class: 'chart', id: 'rho-chart', role: 'img' });
   const leaseContainer = detail.querySelector('#app-leases') ?? h('div', { class: 'chart', id: 'app-leases', role: 'img' });
-  rhoContainer.setAttribute('aria-label', `ρ at round start of ${app.name}, its last ${history.length} rounds`);
+  rhoContainer.setAttribute('aria-label', `ρ at round start of ${app.name} over the last hour, ${history.length} rounds`);
   leaseContainer.setAttribute('aria-label', `leases of ${app.name} over the last 15 minutes`);
   const standing = why.now;
   detail.replaceChildren(
@@ -68,7 +85,7 @@ async function renderDetail(detail, context, appId) {
     h('p', { class: 'why', id: 'why' }, h('strong', {}, 'Why: '), why.explanation),
     h('p', { class: 'hint' }, 'ρ now: as the app stands at this moment, with the GPUs it holds. ρ at round start: '
       + 'as it stood when a round opened, which decided who was offered GPUs.'),
-    h('h3', {}, 'ρ at round start, over time'),
+    h('h3', {}, 'ρ at round start, over the last hour (longer ranges: History)'),
     rhoContainer,
     h('h3', {}, 'Leases (last 15 minutes)'),
     leaseContainer,

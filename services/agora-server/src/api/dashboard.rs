@@ -373,6 +373,7 @@ const ASSETS: &[Asset] = &[
     web_file!("js/cluster.js", "text/javascript; charset=utf-8"),
     web_file!("js/rounds.js", "text/javascript; charset=utf-8"),
     web_file!("js/fairness.js", "text/javascript; charset=utf-8"),
+    web_file!("js/history.js", "text/javascript; charset=utf-8"),
     web_file!("vendor/uPlot.iife.min.js", "text/javascript; charset=utf-8"),
     web_file!("vendor/uPlot.min.css", "text/css; charset=utf-8"),
 ];
