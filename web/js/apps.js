@@ -1,6 +1,6 @@
 // Apps: each app's rho now and at the start of each round (with rho = 1), why it has what it
 // has, its leases on a timeline, and every round it took part in with its bid table, PF
-// choice, c_i and the round in one sentence.
+// choice, c_i and the round in one sentence. While rounds run, only new rounds are read.
 
 import { get } from './api.js';
 import { leaseGantt, rhoChart } from './charts.js';
@@ -66,7 +66,7 @@ async function renderDetail(detail, context, appId) {
   const [why, history, rounds, leases] = await Promise.all([
     get(`/v1/apps/${appId}/why`),
     get(`/v1/apps/${appId}/rho-history?range=1h`),
-    get(`/v1/apps/${appId}/rounds?limit=50`),
+    roundsOf(detail, appId),
     get(`/v1/apps/${appId}/leases`),
   ]);
   const openBids = new Set([...detail.querySelectorAll('details[open]')].map((node) => node.dataset.round));
@@ -98,6 +98,25 @@ async function renderDetail(detail, context, appId) {
     .filter((lease) => Date.parse(lease.end_at) > window.from);
   const gpus = [...new Set(recent.flatMap((lease) => lease.gpus))].sort();
   leaseGantt(leaseContainer, recent, gpus, appColour, window);
+}
+
+/**
+ * The app's last 50 rounds, newest first: read in full when the app is opened, then only the
+ * rounds after the newest one already decided (an open round is read again until decided).
+ */
+async function roundsOf(detail, appId) {
+  const known = detail.rounds?.appId === appId ? detail.rounds.list : null;
+  let list;
+  if (!known) {
+    list = await get(`/v1/apps/${appId}/rounds?limit=50`);
+  } else {
+    const decided = known.filter((round) => round.status !== 'open').map((round) => round.round_id);
+    const after = decided.length ? Math.max(...decided) : 0;
+    const fresh = await get(`/v1/apps/${appId}/rounds?after=${after}&limit=50`);
+    list = [...fresh, ...known.filter((round) => round.round_id <= after)].slice(0, 50);
+  }
+  detail.rounds = { appId, list };
+  return list;
 }
 
 function roundsTable(rounds, openBids) {

@@ -462,8 +462,10 @@ test('the admin sees the apps grouped by tenant', async () => {
   await page.close();
 });
 
-test('charts update in place: the same chart, its zoom kept, while rounds run', async () => {
+test('charts update in place: the same chart, its zoom kept, while rounds run; only new rounds are read', async () => {
   const page = await signedIn(tokens['demo-vision']);
+  const roundReads = [];
+  page.on('request', (request) => { if (/\/v1\/apps\/\d+\/rounds\?/.test(request.url())) roundReads.push(new URL(request.url()).search); });
   await page.waitForFunction(() => Number(document.querySelector('#rho-chart')?.dataset.points) > 1, null, { timeout: 30_000 });
   // Zoom into the left half of the chart with the mouse, as a person would.
   const over = await page.locator('#rho-chart .u-over').boundingBox();
@@ -479,6 +481,7 @@ test('charts update in place: the same chart, its zoom kept, while rounds run', 
   const after = await page.$eval('#rho-chart', (node) => ({ same: node.__chart === window.firstChart,
     min: node.__chart.scales.x.min, max: node.__chart.scales.x.max }));
   assert.deepEqual(after, { same: true, min: zoomed.min, max: zoomed.max });
+  assert.ok(roundReads.some((search) => /^\?after=\d+&limit=50$/.test(search)), `rounds read incrementally: ${roundReads}`);
   assert.deepEqual(page.errors, []);
   await page.close();
 });

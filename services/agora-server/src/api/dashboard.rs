@@ -157,6 +157,8 @@ pub async fn fairness_history(
 pub struct AppRoundsQuery {
     /// Only rounds with a smaller id (the next page).
     pub before: Option<i64>,
+    /// Only rounds with a larger id (what is new since a round already read).
+    pub after: Option<i64>,
     /// At most this many (default 50, at most 500).
     pub limit: Option<i64>,
 }
@@ -174,7 +176,12 @@ pub async fn app_rounds(
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
     let limit = super::bounded_limit(query.limit, 50, 500)?;
-    Ok(HttpResponse::Ok().json(state.store.app_rounds(app, query.before, limit).await?))
+    Ok(HttpResponse::Ok().json(
+        state
+            .store
+            .app_rounds(app, query.before, query.after, limit)
+            .await?,
+    ))
 }
 
 /// How fair the market is now, from the latest round's standings of the apps still active.
