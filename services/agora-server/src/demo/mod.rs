@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context as _};
 
-pub use driver::{Demo, Trials, DEMAND_OVER_GPUS};
-pub use plan::{Arrival, DemoOptions, Plan, Shape, SPEEDUP, TENANTS};
+pub use driver::Demo;
+pub use plan::DemoOptions;
+use plan::TENANTS;
 
 use crate::clock::Clock;
 use crate::config::ServerConfig;

@@ -89,18 +89,6 @@ pub enum Shape {
 }
 
 impl Shape {
-    /// The most GPUs the app can use at once (its demand when it arrives).
-    pub fn width(&self) -> u32 {
-        match self {
-            Self::SingleJob { max_gpus, .. } => *max_gpus,
-            Self::Search {
-                jobs_per_phase,
-                max_gpus_per_phase,
-                ..
-            } => jobs_per_phase[0] * max_gpus_per_phase[0],
-        }
-    }
-
     /// The engine's app, as `POST /v1/apps` takes it.
     pub fn app(&self) -> Value {
         match self {
@@ -294,10 +282,13 @@ mod tests {
         let app = search.app();
         let jobs = app["jobs_per_phase"].as_array().expect("phases");
         let widths = app["max_gpus_per_phase"].as_array().expect("widths");
-        for (jobs, width) in jobs.iter().zip(widths) {
+        let width =
+            |phase: usize| jobs[phase].as_u64().expect("n") * widths[phase].as_u64().expect("w");
+        for phase in 0..jobs.len() {
             assert_eq!(
-                jobs.as_u64().expect("n") * width.as_u64().expect("w"),
-                u64::from(search.width())
+                width(phase),
+                width(0),
+                "phase {phase} keeps the search's width"
             );
         }
         assert_eq!(jobs.last(), Some(&json!(1)));
