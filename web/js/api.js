@@ -31,6 +31,14 @@ export async function get(path) {
   return body;
 }
 
+/** POST to the API (no body); the JSON answer. */
+export async function post(path) {
+  const response = await fetch(path, { method: 'POST', headers: headers() });
+  const body = await response.json().catch(() => null);
+  if (!response.ok) throw new ApiError(response.status, body);
+  return body;
+}
+
 /**
  * Follows a server-sent event stream with the token in a header (EventSource cannot send one,
  * and a token in the URL would land in access logs). Reconnects after errors and server

@@ -1,6 +1,6 @@
 // Apps: each app's rho now and at the start of each round (with rho = 1), why it has what it
 // has, its leases on a timeline, and every round it took part in with its bid table, PF
-// choice, c_i and the round in one sentence.
+// choice, c_i and the round in one sentence. While rounds run, only new rounds are read.
 
 import { get } from './api.js';
 import { leaseGantt, rhoChart } from './charts.js';
@@ -24,19 +24,36 @@ export async function showApps(container, context, appId) {
   return { update: refresh };
 }
 
+/**
+ * The app list, grouped by tenant for the admin. Rebuilt only when what it shows changed, so
+ * focus and scroll stay put while rounds run.
+ */
 async function renderList(list, context, selected) {
   const fairness = await get('/v1/fairness');
   const atStart = new Map(fairness.apps.filter((app) => app.app_id != null).map((app) => [app.app_id, app.rho]));
+  const meta = (app) => (app.finished_at ? 'finished' : `ρ at round start ${atStart.has(app.id) ? rho(atStart.get(app.id)) : '–'}`);
+  const shown = JSON.stringify([selected, context.me.apps.map((app) => [app.id, meta(app)])]);
+  if (list.dataset.shown === shown) return;
+  list.dataset.shown = shown;
   if (!context.me.apps.length) {
     list.replaceChildren(h('li', {}, 'No apps yet: register one with POST /v1/apps.'));
     return;
   }
-  list.replaceChildren(...context.me.apps.map((app) => h('li', {},
+  const item = (app) => h('li', {},
     h('a', { href: `#/apps/${app.id}`, 'aria-current': app.id === selected ? 'true' : null, 'data-app': app.id },
       h('span', { class: 'title' }, h('span', { class: 'swatch', style: `background:${appColour(app.id).fill}` }), app.name),
-      h('span', { class: 'meta' },
-        context.admin ? `${app.tenant} · ` : '',
-        app.finished_at ? 'finished' : `ρ at round start ${atStart.has(app.id) ? rho(atStart.get(app.id)) : '–'}`)))));
+      h('span', { class: 'meta' }, meta(app))));
+  if (!context.admin) {
+    list.replaceChildren(...context.me.apps.map(item));
+    return;
+  }
+  const byTenant = [...Map.groupBy(context.me.apps, (app) => app.tenant)].sort(([a], [b]) => a.localeCompare(b));
+  list.replaceChildren(...byTenant.map(([tenant, apps]) => {
+    const active = apps.filter((app) => !app.finished_at).length;
+    return h('li', { class: 'app-group', 'data-tenant': tenant },
+      h('h3', {}, `${tenant}: ${active} active, ${apps.length - active} finished`),
+      h('ul', { class: 'list', 'aria-label': `Apps of ${tenant}` }, apps.map(item)));
+  }));
 }
 
 async function renderDetail(detail, context, appId) {
@@ -48,14 +65,14 @@ async function renderDetail(detail, context, appId) {
   const now = Date.now();
   const [why, history, rounds, leases] = await Promise.all([
     get(`/v1/apps/${appId}/why`),
-    get(`/v1/apps/${appId}/rho-history`),
-    get(`/v1/apps/${appId}/rounds?limit=50`),
+    get(`/v1/apps/${appId}/rho-history?range=1h`),
+    roundsOf(detail, appId),
     get(`/v1/apps/${appId}/leases`),
   ]);
   const openBids = new Set([...detail.querySelectorAll('details[open]')].map((node) => node.dataset.round));
   const rhoContainer = detail.querySelector('#rho-chart') ?? h('div', { class: 'chart', id: 'rho-chart', role: 'img' });
   const leaseContainer = detail.querySelector('#app-leases') ?? h('div', { class: 'chart', id: 'app-leases', role: 'img' });
-  rhoContainer.setAttribute('aria-label', `ρ at round start of ${app.name}, its last ${history.length} rounds`);
+  rhoContainer.setAttribute('aria-label', `ρ at round start of ${app.name} over the last hour, ${history.length} rounds`);
   leaseContainer.setAttribute('aria-label', `leases of ${app.name} over the last 15 minutes`);
   const standing = why.now;
   detail.replaceChildren(
@@ -68,7 +85,7 @@ async function renderDetail(detail, context, appId) {
     h('p', { class: 'why', id: 'why' }, h('strong', {}, 'Why: '), why.explanation),
     h('p', { class: 'hint' }, 'ρ now: as the app stands at this moment, with the GPUs it holds. ρ at round start: '
       + 'as it stood when a round opened, which decided who was offered GPUs.'),
-    h('h3', {}, 'ρ at round start, over time'),
+    h('h3', {}, 'ρ at round start, over the last hour (longer ranges: History)'),
     rhoContainer,
     h('h3', {}, 'Leases (last 15 minutes)'),
     leaseContainer,
@@ -81,6 +98,25 @@ async function renderDetail(detail, context, appId) {
     .filter((lease) => Date.parse(lease.end_at) > window.from);
   const gpus = [...new Set(recent.flatMap((lease) => lease.gpus))].sort();
   leaseGantt(leaseContainer, recent, gpus, appColour, window);
+}
+
+/**
+ * The app's last 50 rounds, newest first: read in full when the app is opened, then only the
+ * rounds after the newest one already decided (an open round is read again until decided).
+ */
+async function roundsOf(detail, appId) {
+  const known = detail.rounds?.appId === appId ? detail.rounds.list : null;
+  let list;
+  if (!known) {
+    list = await get(`/v1/apps/${appId}/rounds?limit=50`);
+  } else {
+    const decided = known.filter((round) => round.status !== 'open').map((round) => round.round_id);
+    const after = decided.length ? Math.max(...decided) : 0;
+    const fresh = await get(`/v1/apps/${appId}/rounds?after=${after}&limit=50`);
+    list = [...fresh, ...known.filter((round) => round.round_id <= after)].slice(0, 50);
+  }
+  detail.rounds = { appId, list };
+  return list;
 }
 
 function roundsTable(rounds, openBids) {

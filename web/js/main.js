@@ -1,13 +1,14 @@
-// Sign-in, routing (#/apps/12, #/rounds/40, #/cluster, #/fairness), and the live rounds
+// Sign-in, routing (#/apps/12, #/rounds/40, #/cluster, #/fairness, #/history/12), and the live rounds
 // stream that keeps the open view current.
 
 import { ApiError, follow, get, session } from './api.js';
 import { showApps } from './apps.js';
 import { showCluster } from './cluster.js';
 import { showFairness } from './fairness.js';
+import { showHistory } from './history.js';
 import { showRounds } from './rounds.js';
 
-const VIEWS = { apps: showApps, rounds: showRounds, cluster: showCluster, fairness: showFairness };
+const VIEWS = { apps: showApps, rounds: showRounds, cluster: showCluster, fairness: showFairness, history: showHistory };
 /** Views other than the rounds list re-read the API at most this often while rounds run. */
 const REFRESH_MS = 2000;
 

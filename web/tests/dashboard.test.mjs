@@ -131,7 +131,10 @@ const roundIds = (page) => page.$$eval('#round-list a[data-round]', (links) => l
 test('the page loads, a tenant signs in and sees its apps, with no console errors', async () => {
   const page = await signedIn(tokens['demo-vision']);
   const listed = await page.$$eval('#app-list a', (links) => links.map((link) => Number(link.dataset.app)));
-  assert.deepEqual(listed.sort(), appsOf['demo-vision'].map((app) => app.id).sort());
+  // Apps keep arriving in the living demo: every app listed is demo-vision's, none is missing.
+  const visions = new Set((await api('/v1/me', tokens['demo-vision'])).apps.map((app) => app.id));
+  assert.ok(listed.every((id) => visions.has(id)), `${listed} are not all demo-vision's`);
+  assert.ok(appsOf['demo-vision'].every((app) => listed.includes(app.id)), 'every app of demo-vision is listed');
   await page.locator('#live[data-state="live"]').waitFor();
   await page.waitForFunction(() => Number(document.querySelector('#rho-chart')?.dataset.points) > 0, null, { timeout: 30_000 });
   assert.ok(await page.locator('#rho-chart canvas').count(), 'uPlot drew the rho chart');
@@ -326,7 +329,7 @@ function contrast(a, b) {
   return (light + 0.05) / (dark + 0.05);
 }
 
-test('each round an app took part in says in words what it got and why', async () => {
+test('each round an app took part in says in words what it got and why: won, lost, leftovers, not offered', async () => {
   const page = await signedIn(tokens['demo-vision']);
   const app = appsOf['demo-vision'][0];
   await page.goto(`${base}/#/apps/${app.id}`);
@@ -343,23 +346,142 @@ test('each round an app took part in says in words what it got and why', async (
   }
   // A won, a lost and a leftovers-only round, as the API describes them, show what they gave.
   const [real] = rounds;
-  const won = { ...real, round_id: 903, bidder: true, won: true, won_gpus: ['m0-g0'], leftover_gpus: [], c: 1,
+  const bid = { source: 'agent', rho_old: null, received_at: real.opened_at, entries: [{ gpus: ['m0-g0'], rho: 1.5 }] };
+  const won = { ...real, round_id: 903, bidder: true, bid, pf_entry: 0, won: true, won_gpus: ['m0-g0'], leftover_gpus: [], c: 1,
     why: 'Round 903: you were among the 2 worst-off apps (ρ ∞) and bid for 1 GPU; the auction gave you 1 (you keep it: c = 1.000)' };
   const leftovers = { ...real, round_id: 902, bidder: false, bid: null, pf_entry: null, c: null, won: false, won_gpus: [], leftover_gpus: ['m0-g1'],
     why: 'Round 902: not offered: 3 apps were worse off (ρ 0.900) and only the 2 worst off were offered GPUs; you received 1 leftover GPU' };
-  const lost = { ...real, round_id: 901, bidder: true, pf_entry: null, c: null, won: false, won_gpus: [], leftover_gpus: [],
+  const lost = { ...real, round_id: 901, bidder: true, bid, pf_entry: null, c: null, won: false, won_gpus: [], leftover_gpus: [],
     why: 'Round 901: you were among the 2 worst-off apps (ρ 2.000) and bid for 2 GPUs; the auction gave you none: the offered GPUs went to apps whose ρ they improved more' };
-  await answerWith(page, `/v1/apps/${app.id}/rounds`, () => [won, leftovers, lost]);
+  const notOffered = { ...real, round_id: 900, bidder: false, bid: null, pf_entry: null, c: null, won: false, won_gpus: [], leftover_gpus: [],
+    why: 'Round 900: not offered: 11 apps were worse off (ρ 0.875) and only the 4 worst off were offered GPUs' };
+  await answerWith(page, `/v1/apps/${app.id}/rounds`, () => [won, leftovers, lost, notOffered]);
   await page.goto(`${base}/#/rounds`);
   await page.locator('#round-list').waitFor();
   await page.goto(`${base}/#/apps/${app.id}`);
   await page.locator('#app-rounds tbody > tr[data-round="901"]').waitFor();
-  for (const [round, got] of [[won, 'won'], [leftovers, 'leftovers'], [lost, 'no']]) {
+  for (const [round, got, bidCell] of [[won, 'won', /bundles/], [leftovers, 'leftovers', /^not offered$/], [lost, 'no', /bundles/],
+    [notOffered, 'no', /^not offered$/]]) {
     const cells = await page.locator(`#app-rounds tbody > tr[data-round="${round.round_id}"] > td`).allTextContents();
     assert.equal(cells[3], got, `round ${round.round_id}: Got GPUs?`);
+    assert.match(cells[2], bidCell, `round ${round.round_id}: bid table`);
     assert.equal(cells[6], round.why);
   }
   await shot(page, 'apps-why');
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('each history range loads with a bounded payload', async () => {
+  const page = await signedIn(tokens.admin);
+  await page.goto(`${base}/#/history`);
+  await page.locator('#cluster-history[data-range="1h"]').waitFor();
+  for (const range of ['15m', '1h', '24h', 'all']) {
+    const answered = page.waitForResponse((response) => response.url().endsWith(`/v1/fairness/history?range=${range}`));
+    const appAnswered = page.waitForResponse((response) => /\/v1\/apps\/\d+\/rho-history\?range=/.test(response.url())
+      && response.url().endsWith(`range=${range}`));
+    await page.locator(`.range button[data-range="${range}"]`).click();
+    for (const response of [await answered, await appAnswered]) {
+      const body = await response.body();
+      assert.equal(response.status(), 200);
+      assert.ok(body.length < 40_000, `${response.url()}: ${body.length} bytes`);
+      const answer = JSON.parse(body);
+      const points = answer.points ?? answer;
+      assert.ok(points.length > 0 && points.length <= 240, `${response.url()}: ${points.length} points`);
+    }
+    await page.locator(`#cluster-history[data-range="${range}"]`).waitFor();
+    await page.locator(`#app-history[data-range="${range}"]`).waitFor();
+    assert.equal(await page.locator('.range button[aria-pressed="true"]').getAttribute('data-range'), range);
+    assert.ok(Number(await page.locator('#cluster-history').getAttribute('data-points')) <= 240);
+  }
+  await shot(page, 'history', { docs: true });
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('an admin drains a GPU from the cluster view, confirmed and audited, and the next round does not offer it', async () => {
+  const page = await signedIn(tokens.admin);
+  await page.goto(`${base}/#/cluster`);
+  const tile = page.locator('#racks .gpu[data-healthy="true"]').first();
+  await tile.waitFor();
+  const gpu = await tile.getAttribute('data-gpu');
+  const drainButton = page.getByRole('button', { name: `Drain GPU ${gpu}`, exact: true });
+  // Cancelling changes nothing.
+  await drainButton.click();
+  await page.locator('dialog#confirm[open]').waitFor();
+  await page.locator('dialog#confirm').getByRole('button', { name: 'Cancel' }).click();
+  await page.locator('#operator-status', { hasText: `Cancelled: GPU ${gpu} unchanged.` }).waitFor();
+  await drainButton.click();
+  const dialog = page.locator('dialog#confirm[open]');
+  await dialog.waitFor();
+  assert.match(await dialog.locator('#confirm-text').textContent(), new RegExp(`^Drain GPU ${gpu} \\(1 GPU\\)\\?`));
+  await shot(page, 'cluster-drain-confirm', { docs: true });
+  await dialog.getByRole('button', { name: 'Drain', exact: true }).click();
+  await page.locator('#operator-status', { hasText: `Drained GPU ${gpu}.` }).waitFor();
+  await page.locator(`#racks .gpu[data-gpu="${gpu}"][data-healthy="false"]`).waitFor();
+  await page.locator('#operator-log tbody tr', { hasText: gpu }).first().waitFor();
+  const [logged] = await api('/v1/cluster/actions?limit=1', tokens.admin);
+  assert.deepEqual([logged.action, logged.gpu], ['drain', gpu], 'audited');
+  // Once its lease (if any) is over the GPU is free: every round from then on offers every
+  // free GPU in service (rounds are work-conserving), but not this one.
+  await page.locator(`#racks .gpu[data-gpu="${gpu}"][data-holder="free"]`).waitFor({ timeout: 60_000 });
+  const [{ round_id: last }] = await api('/v1/rounds?limit=1', tokens.admin);
+  await page.goto(`${base}/#/rounds`);
+  await page.waitForFunction((seen) => [...document.querySelectorAll('#round-list a[data-round]')]
+    .some((link) => Number(link.dataset.round) > seen && link.textContent.includes('closed')), last, { timeout: 30_000 });
+  const next = (await api('/v1/rounds?limit=20', tokens.admin)).filter((round) => round.round_id > last && round.status === 'closed');
+  assert.ok(next.length > 0);
+  for (const { round_id: id } of next) {
+    const detail = await api(`/v1/rounds/${id}`, tokens.admin);
+    assert.ok(detail.offered_gpus.length > 0, `round ${id} offered GPUs`);
+    assert.ok(!detail.offered_gpus.includes(gpu), `round ${id} offered the drained GPU ${gpu}`);
+  }
+  // Restored, it is offered, and taken, again.
+  await page.goto(`${base}/#/cluster`);
+  await page.getByRole('button', { name: `Restore GPU ${gpu}`, exact: true }).click();
+  await page.locator('dialog#confirm[open]').getByRole('button', { name: 'Restore', exact: true }).click();
+  await page.locator('#operator-status', { hasText: `Restored GPU ${gpu}.` }).waitFor();
+  await page.locator(`#racks .gpu[data-gpu="${gpu}"][data-healthy="true"]:not([data-holder="free"])`).waitFor({ timeout: 60_000 });
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('the admin sees the apps grouped by tenant', async () => {
+  const page = await signedIn(tokens.admin);
+  const tenantOf = new Map((await api('/v1/me', tokens.admin)).apps.map((app) => [app.id, app.tenant]));
+  const groups = await page.$$eval('#app-list .app-group', (nodes) => nodes.map((node) => ({
+    tenant: node.dataset.tenant, heading: node.querySelector('h3').textContent,
+    apps: [...node.querySelectorAll('a[data-app]')].map((link) => Number(link.dataset.app)) })));
+  assert.deepEqual(groups.map((group) => group.tenant), ['demo-nlp', 'demo-rl', 'demo-speech', 'demo-vision']);
+  for (const group of groups) {
+    assert.match(group.heading, new RegExp(`^${group.tenant}: \\d+ active, \\d+ finished$`));
+    for (const app of group.apps) assert.equal(tenantOf.get(app) ?? group.tenant, group.tenant, `app ${app}`);
+  }
+  await shot(page, 'apps-admin-by-tenant', { docs: true });
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('charts update in place: the same chart, its zoom kept, while rounds run; only new rounds are read', async () => {
+  const page = await signedIn(tokens['demo-vision']);
+  const roundReads = [];
+  page.on('request', (request) => { if (/\/v1\/apps\/\d+\/rounds\?/.test(request.url())) roundReads.push(new URL(request.url()).search); });
+  await page.waitForFunction(() => Number(document.querySelector('#rho-chart')?.dataset.points) > 1, null, { timeout: 30_000 });
+  // Zoom into the left half of the chart with the mouse, as a person would.
+  const over = await page.locator('#rho-chart .u-over').boundingBox();
+  await page.mouse.move(over.x + 5, over.y + over.height / 2);
+  await page.mouse.down();
+  await page.mouse.move(over.x + over.width / 2, over.y + over.height / 2, { steps: 5 });
+  await page.mouse.up();
+  const zoomed = await page.$eval('#rho-chart', (node) => {
+    window.firstChart = node.__chart;
+    return { min: node.__chart.scales.x.min, max: node.__chart.scales.x.max, updates: Number(node.dataset.updates) };
+  });
+  await page.waitForFunction((seen) => Number(document.querySelector('#rho-chart').dataset.updates) > seen, zoomed.updates, { timeout: 30_000 });
+  const after = await page.$eval('#rho-chart', (node) => ({ same: node.__chart === window.firstChart,
+    min: node.__chart.scales.x.min, max: node.__chart.scales.x.max }));
+  assert.deepEqual(after, { same: true, min: zoomed.min, max: zoomed.max });
+  assert.ok(roundReads.some((search) => /^\?after=\d+&limit=50$/.test(search)), `rounds read incrementally: ${roundReads}`);
   assert.deepEqual(page.errors, []);
   await page.close();
 });
@@ -372,7 +494,7 @@ test('axe finds no serious or critical accessibility violation in any view', asy
   const [{ round_id: round }] = await api('/v1/rounds?limit=1', tokens['demo-vision']);
   await page.addScriptTag({ path: AXE });
   const views = [['apps', '#why'], [`rounds/${round}`, '#round-outcome'], ['cluster', '#racks .gpu'],
-    ['fairness', '#fairness-stats .stat']];
+    ['fairness', '#fairness-stats .stat'], ['history', '#cluster-history[data-range]']];
   for (const [view, loaded] of views) {
     await page.goto(`${base}/#/${view}`);
     await page.locator(loaded).first().waitFor();

@@ -457,3 +457,28 @@ fn an_unknown_subcommand_is_a_usage_error() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.starts_with("error: "), "stderr: {stderr}");
 }
+
+#[test]
+fn bad_demo_flags_are_usage_errors_that_name_the_flag() {
+    for (args, named) in [
+        (&["serve", "--demo", "--demo-rate", "0"][..], "--demo-rate"),
+        (
+            &["serve", "--demo", "--demo-rate", "fast"][..],
+            "--demo-rate",
+        ),
+        (
+            &["serve", "--demo", "--demo-rate", "601"][..],
+            "--demo-rate",
+        ),
+        (&["serve", "--demo", "--demo-seed=-1"][..], "--demo-seed"),
+        (&["serve", "--demo-seed", "7"][..], "--demo"),
+    ] {
+        let output = agora(args, None);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains(named),
+            "{args:?}: {stderr}"
+        );
+    }
+}

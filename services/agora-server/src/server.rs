@@ -94,7 +94,13 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
         tick: config.tick(),
         heartbeat_interval: config.heartbeat_interval(),
     };
-    let mut arbiter = Arbiter::new(restored, store.clone(), clock, settings, notices.clone());
+    let mut arbiter = Arbiter::new(
+        restored,
+        store.clone(),
+        clock.clone(),
+        settings,
+        notices.clone(),
+    );
     let failure = arbiter.failure();
     let arbiter = arbiter.start();
     let state = ApiState {
@@ -105,6 +111,7 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
         notices,
         owners: Arc::default(),
         tokens: Arc::default(),
+        clock,
     };
     let token_changes = actix_web::rt::spawn(state.tokens.clone().follow_changes(store.clone()));
     let auditor_watch = actix_web::rt::spawn(watch_auditors(

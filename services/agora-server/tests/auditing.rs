@@ -7,6 +7,7 @@ mod support;
 use std::time::Duration;
 
 use agora_server::audit::replay_round;
+use agora_server::demo::DemoOptions;
 use agora_server::store::Store;
 use sqlx::postgres::PgRow;
 use sqlx::{Connection, PgConnection, Row};
@@ -150,9 +151,18 @@ async fn every_round_of_a_demo_run_replays_exactly_with_only_the_auditors_rights
     let mut settings = config(&database);
     agora_server::demo::adjust(&mut settings).expect("demo settings");
     let service = serve(&settings, start_clock()).await;
-    agora_server::demo::start(&service.running, &settings)
-        .await
-        .expect("the demo starts");
+    let clock = std::sync::Arc::new(service.clock.clone());
+    let tokens_file =
+        std::env::temp_dir().join(format!("agora-demo-tokens-{}", std::process::id()));
+    agora_server::demo::start(
+        &service.running,
+        &settings,
+        clock,
+        DemoOptions::default(),
+        &tokens_file,
+    )
+    .await
+    .expect("the demo starts");
 
     // The demo's apps bid and report progress over HTTP; leases expiring (on the manual
     // clock) start round after round.

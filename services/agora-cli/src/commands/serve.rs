@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use agora_server::clock::SystemClock;
 use agora_server::config::ServerConfig;
+use agora_server::demo::DemoOptions;
 use anyhow::Context as _;
 use clap::Args;
 
@@ -15,10 +16,25 @@ pub struct ServeArgs {
     /// override the file).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Also run a handful of synthetic HPO apps that bid through the HTTP API, on short leases,
-    /// so live rounds appear within seconds.
+    /// Also run a living demo: synthetic HPO apps from four tenants keep arriving and bid
+    /// through the HTTP API, on short leases, so live rounds with several bidders never stop.
     #[arg(long)]
     demo: bool,
+    /// The demo's seed: the same seed gives the same stream of arrivals.
+    #[arg(long, value_name = "SEED", requires = "demo", default_value_t = DemoOptions::DEFAULT_SEED)]
+    demo_seed: u64,
+    /// The demo's mean arrivals per minute, in (0, 600].
+    #[arg(long, value_name = "ARRIVALS_PER_MINUTE", requires = "demo",
+          default_value_t = DemoOptions::DEFAULT_RATE, value_parser = demo_rate)]
+    demo_rate: f64,
+}
+
+/// `--demo-rate`: a number within what [`DemoOptions::new`] takes.
+fn demo_rate(text: &str) -> Result<f64, String> {
+    let rate: f64 = text
+        .parse()
+        .map_err(|_| format!("expected a number of arrivals per minute, got {text:?}"))?;
+    DemoOptions::new(DemoOptions::DEFAULT_SEED, rate).map(|options| options.rate_per_minute)
 }
 
 impl ServeArgs {
@@ -31,9 +47,13 @@ impl ServeArgs {
             agora_server::demo::adjust(&mut config)?;
         }
         actix_web::rt::System::new().block_on(async move {
-            let mut running = agora_server::server::start(&config, Arc::new(SystemClock)).await?;
+            let clock = Arc::new(SystemClock);
+            let mut running = agora_server::server::start(&config, clock.clone()).await?;
             if self.demo {
-                agora_server::demo::start(&running, &config).await?;
+                let options = DemoOptions::new(self.demo_seed, self.demo_rate)
+                    .map_err(|message| anyhow::anyhow!(message))?;
+                let tokens_file = std::path::Path::new(agora_server::demo::DEMO_TENANT_TOKENS_FILE);
+                agora_server::demo::start(&running, &config, clock, options, tokens_file).await?;
             }
             tokio::select! {
                 signal = shutdown_signal() => signal?,

@@ -21,8 +21,8 @@ use super::records;
 use super::ArbiterError;
 use crate::clock::to_datetime;
 use crate::store::{
-    app_id, app_key, BidInsert, Commit, EventPayload, NewApp, NewBid, ProgressSample,
-    RevocationNoticeEvent, StoreError,
+    app_id, app_key, BidInsert, Commit, EventPayload, NewApp, NewBid, OperatorAction,
+    ProgressSample, RevocationNoticeEvent, StoreError,
 };
 
 fn refuse<T: 'static>(error: ArbiterError) -> Reply<T> {
@@ -599,6 +599,11 @@ impl Handler<SetGpuService> for Arbiter {
             next.set_gpu_health(index, true, now);
             let commit = Commit {
                 gpu_health: vec![(request.gpu.clone(), true)],
+                operator_actions: vec![OperatorAction {
+                    action: "restore",
+                    gpu: request.gpu.clone(),
+                    lease: None,
+                }],
                 ..Commit::default()
             };
             return self.commit(commit, ctx, move |arbiter, _| {
@@ -610,15 +615,28 @@ impl Handler<SetGpuService> for Arbiter {
                 }
             });
         }
-        let mut commit = Commit::default();
+        // Out of service at once: no round offers it again, while the lease holding it, if
+        // any, runs to the end of its notice.
+        let mut next = self.market.clone();
+        next.set_withdrawn(index, Withdrawal::Drained, true);
+        let mut commit = Commit {
+            gpu_health: vec![(request.gpu.clone(), false)],
+            ..Commit::default()
+        };
         let reason = format!("GPU {} is being drained by an operator", request.gpu);
         let (notice, lease) =
             match self.stage_notice(index, Withdrawal::Drained, reason, &mut commit) {
                 Ok(staged) => staged,
                 Err(error) => return refuse(error),
             };
+        commit.operator_actions.push(OperatorAction {
+            action: "drain",
+            gpu: request.gpu.clone(),
+            lease,
+        });
         let revoke_at = to_datetime(notice.at);
         self.commit(commit, ctx, move |arbiter, _| {
+            arbiter.market = next;
             arbiter.remember_notice(index, notice);
             DrainAck {
                 gpu: request.gpu,

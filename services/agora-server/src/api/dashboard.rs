@@ -21,9 +21,10 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::problem::{ApiError, ErrorCode, Problem};
 use super::{owned_app, ApiState, Caller};
+use crate::clock::to_datetime;
 use crate::store::{
-    AppRound, FairnessApp, FairnessInputs, GpuCounts, RhoPoint, RoundSummary, Store, TimelineLease,
-    VisibleApp,
+    AppRound, FairnessApp, FairnessHistory, FairnessInputs, GpuCounts, HistoryRange, RhoPoint,
+    RoundSummary, Store, TimelineLease, VisibleApp,
 };
 
 /// Rounds per SSE chunk.
@@ -45,6 +46,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .service(me)
         .service(rho_history)
         .service(app_rounds)
+        .service(fairness_history)
         .service(fairness)
         .service(lease_timeline)
         .service(round_events);
@@ -86,14 +88,20 @@ pub async fn me(state: web::Data<ApiState>, caller: Caller) -> Result<HttpRespon
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct HistoryQuery {
-    /// The last this many rounds (default 500, at most 5000).
+    /// The last this many rounds (default 500, at most 5000); not with `range`.
     pub limit: Option<i64>,
+    /// The rounds of this range ending now (`15m`, `1h`, `24h` or `all`), downsampled to at
+    /// most 240 points: the last round of each of 240 equal intervals. Not with `limit`.
+    #[param(inline)]
+    pub range: Option<HistoryRange>,
 }
 
-/// The app's rho at the start of every round it was active in, oldest first (`null`: it held
-/// no GPU, so its finish time was unbounded).
+/// The app's rho at the start of the rounds it was active in, oldest first (`null`: it held
+/// no GPU, so its finish time was unbounded): its last rounds, or a range downsampled to at
+/// most 240 points.
 #[utoipa::path(get, path = "/v1/apps/{app}/rho-history", params(("app" = i64, Path), HistoryQuery),
-    responses((status = 200, body = Vec<RhoPoint>), (status = 404, body = Problem)))]
+    responses((status = 200, body = Vec<RhoPoint>), (status = 400, body = Problem),
+        (status = 404, body = Problem)))]
 #[get("/v1/apps/{app}/rho-history")]
 pub async fn rho_history(
     state: web::Data<ApiState>,
@@ -102,8 +110,46 @@ pub async fn rho_history(
     query: web::Query<HistoryQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
-    let limit = super::bounded_limit(query.limit, 500, 5000)?;
-    Ok(HttpResponse::Ok().json(state.store.rho_history(app, limit).await?))
+    let points = match (query.range, query.limit) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                ErrorCode::BadQuery,
+                "give `range` or `limit`, not both",
+            ))
+        }
+        (Some(range), None) => {
+            let now = to_datetime(state.clock.now());
+            state.store.rho_history_over(app, range, now).await?
+        }
+        (None, limit) => {
+            let limit = super::bounded_limit(limit, 500, 5000)?;
+            state.store.rho_history(app, limit).await?
+        }
+    };
+    Ok(HttpResponse::Ok().json(points))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct FairnessHistoryQuery {
+    /// The range ending now: `15m`, `1h`, `24h` or `all` (from the first round).
+    #[param(inline)]
+    pub range: HistoryRange,
+}
+
+/// The cluster's max rho, Jain's index and starving apps over a range, at most 240 points:
+/// the range is cut into 240 equal intervals, each shown by its last round.
+#[utoipa::path(get, path = "/v1/fairness/history", params(FairnessHistoryQuery),
+    responses((status = 200, body = FairnessHistory), (status = 400, body = Problem)))]
+#[get("/v1/fairness/history")]
+pub async fn fairness_history(
+    state: web::Data<ApiState>,
+    _caller: Caller,
+    query: web::Query<FairnessHistoryQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let now = to_datetime(state.clock.now());
+    let history = state.store.fairness_history(query.range, now).await?;
+    Ok(HttpResponse::Ok().json(history))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -111,6 +157,8 @@ pub async fn rho_history(
 pub struct AppRoundsQuery {
     /// Only rounds with a smaller id (the next page).
     pub before: Option<i64>,
+    /// Only rounds with a larger id (what is new since a round already read).
+    pub after: Option<i64>,
     /// At most this many (default 50, at most 500).
     pub limit: Option<i64>,
 }
@@ -128,7 +176,12 @@ pub async fn app_rounds(
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
     let limit = super::bounded_limit(query.limit, 50, 500)?;
-    Ok(HttpResponse::Ok().json(state.store.app_rounds(app, query.before, limit).await?))
+    Ok(HttpResponse::Ok().json(
+        state
+            .store
+            .app_rounds(app, query.before, query.after, limit)
+            .await?,
+    ))
 }
 
 /// How fair the market is now, from the latest round's standings of the apps still active.
@@ -327,6 +380,7 @@ const ASSETS: &[Asset] = &[
     web_file!("js/cluster.js", "text/javascript; charset=utf-8"),
     web_file!("js/rounds.js", "text/javascript; charset=utf-8"),
     web_file!("js/fairness.js", "text/javascript; charset=utf-8"),
+    web_file!("js/history.js", "text/javascript; charset=utf-8"),
     web_file!("vendor/uPlot.iife.min.js", "text/javascript; charset=utf-8"),
     web_file!("vendor/uPlot.min.css", "text/css; charset=utf-8"),
 ];

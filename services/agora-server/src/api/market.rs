@@ -17,7 +17,7 @@ use super::{owned_app, ApiState, Caller};
 use crate::actors::requests::{
     BidAck, CurrentRound, CurrentRoundOf, DrainAck, ReleaseLease, SetGpuService, SubmitBid,
 };
-use crate::store::{GpuView, RoundDetail, RoundSummary};
+use crate::store::{GpuView, OperatorActionView, RoundDetail, RoundSummary};
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -287,6 +287,30 @@ pub async fn restore_gpu(
     gpu: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     set_service(state, caller, gpu.into_inner(), true).await
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ActionsQuery {
+    /// At most this many (default 50, at most 500).
+    pub limit: Option<i64>,
+}
+
+/// The audit log of operator actions (admin), newest first: every drain and restore, when,
+/// and the lease a drain gave notice to.
+#[utoipa::path(get, path = "/v1/cluster/actions", params(ActionsQuery),
+    responses((status = 200, body = Vec<OperatorActionView>), (status = 403, body = Problem)))]
+#[get("/v1/cluster/actions")]
+pub async fn operator_actions(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    query: web::Query<ActionsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    if caller != Caller::Admin {
+        return Err(ApiError::admin_only());
+    }
+    let limit = super::bounded_limit(query.limit, 50, 500)?;
+    Ok(HttpResponse::Ok().json(state.store.operator_actions(limit).await?))
 }
 
 async fn set_service(

@@ -45,6 +45,8 @@ pub struct ApiState {
     pub owners: Arc<Owners>,
     /// Bearer tokens already looked up.
     pub tokens: Arc<Tokens>,
+    /// The service's clock: "now" for the history's ranges.
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 /// App owners already looked up, so that a busy framework's requests do not each cost an app
@@ -205,6 +207,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .service(market::cluster)
         .service(market::drain_gpu)
         .service(market::restore_gpu)
+        .service(market::operator_actions)
         .service(workers::register)
         .service(workers::heartbeat)
         .default_service(web::to(|| async {
@@ -279,12 +282,14 @@ fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
         market::cluster,
         market::drain_gpu,
         market::restore_gpu,
+        market::operator_actions,
         workers::register,
         workers::heartbeat,
         dashboard::me,
         dashboard::rho_history,
         dashboard::app_rounds,
         dashboard::fairness,
+        dashboard::fairness_history,
         dashboard::lease_timeline,
         dashboard::round_events,
     ),

@@ -149,11 +149,13 @@ impl Store {
         Ok(points)
     }
 
-    /// Rounds the app bid in or got leftovers from, newest first, before `before` if given.
+    /// Rounds the app bid in or got leftovers from, newest first, before `before` and after
+    /// `after` if given.
     pub async fn app_rounds(
         &self,
         app: i64,
         before: Option<i64>,
+        after: Option<i64>,
         limit: i64,
     ) -> Result<Vec<AppRound>, StoreError> {
         let rows = sqlx::query!(
@@ -170,11 +172,13 @@ impl Store {
                LEFT JOIN bids b ON b.round_id = s.round_id AND b.app_id = s.app_id
                LEFT JOIN round_allocations al ON al.round_id = s.round_id AND al.app_id = s.app_id
                WHERE s.app_id = $1 AND s.round_id < coalesce($2, 9223372036854775807)
+                 AND s.round_id > coalesce($4::bigint, 0)
                  AND (s.bidder OR cardinality(al.leftover_gpus) > 0)
                ORDER BY s.round_id DESC LIMIT $3"#,
             app,
             before,
-            limit
+            limit,
+            after
         )
         .fetch_all(&self.pool)
         .await?;

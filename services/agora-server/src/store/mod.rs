@@ -8,6 +8,7 @@
 
 mod bid_rows;
 mod dashboard;
+mod history;
 mod reads;
 mod workers;
 mod writer;
@@ -15,6 +16,7 @@ mod writes;
 
 pub use bid_rows::{BidSource, NewBid};
 pub use dashboard::*;
+pub use history::*;
 pub use reads::*;
 pub use workers::*;
 pub use writer::*;

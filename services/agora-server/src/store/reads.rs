@@ -22,6 +22,17 @@ pub struct AppRow {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
+/// One audited operator action.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OperatorActionView {
+    pub at: DateTime<Utc>,
+    /// `drain` or `restore`.
+    pub action: String,
+    pub gpu: String,
+    /// The lease a drain gave notice to.
+    pub lease_id: Option<i64>,
+}
+
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct LeasedGpu {
     pub id: String,
@@ -590,6 +601,21 @@ impl Store {
             app
         )
         .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// The last `limit` operator actions, newest first.
+    pub async fn operator_actions(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<OperatorActionView>, StoreError> {
+        Ok(sqlx::query_as!(
+            OperatorActionView,
+            "SELECT at, action, gpu_id AS gpu, lease_id FROM operator_actions
+             ORDER BY id DESC LIMIT $1",
+            limit
+        )
+        .fetch_all(&self.pool)
         .await?)
     }
 

@@ -177,6 +177,16 @@ pub struct ProgressSample {
     pub observed: Option<(String, f64)>,
 }
 
+/// An operator's drain or restore of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorAction {
+    /// `drain` or `restore`.
+    pub action: &'static str,
+    pub gpu: String,
+    /// The lease a drain gave notice to.
+    pub lease: Option<i64>,
+}
+
 /// Everything one arbiter decision changes, written in one transaction.
 #[derive(Debug, Clone, Default)]
 pub struct Commit {
@@ -193,6 +203,8 @@ pub struct Commit {
     pub progress: Vec<ProgressSample>,
     pub finished_apps: Vec<i64>,
     pub gpu_health: Vec<(String, bool)>,
+    /// Drains and restores by an operator, audited in `operator_actions`.
+    pub operator_actions: Vec<OperatorAction>,
     pub events: Vec<AppEvent>,
     /// GPU hosts registering, heartbeating, going down and returning.
     pub workers: super::WorkerChanges,
@@ -354,6 +366,17 @@ pub(super) async fn write_commit(
         sqlx::query!("UPDATE gpus SET healthy = $2 WHERE id = $1", gpu, healthy)
             .execute(&mut **tx)
             .await?;
+    }
+    for action in &commit.operator_actions {
+        sqlx::query!(
+            "INSERT INTO operator_actions (at, action, gpu_id, lease_id) VALUES ($1, $2, $3, $4)",
+            to_datetime(now),
+            action.action,
+            action.gpu,
+            action.lease
+        )
+        .execute(&mut **tx)
+        .await?;
     }
     if commit.events.is_empty() {
         return Ok(());

@@ -1,0 +1,181 @@
+//! The living demo at fast demo speed: a manual clock moves one second per step, so ten minutes
+//! of demo take as long as the service needs to decide them, not ten minutes.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agora_server::clock::{to_datetime, Clock as _};
+use agora_server::config::ServerConfig;
+use agora_server::demo::{adjust_with, Demo, DemoOptions};
+use sqlx::{Connection as _, PgConnection};
+use support::*;
+
+/// The Themis testbed, the demo's default fleet: 64 GPUs.
+const TESTBED: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../agora-sim/clusters/themis-testbed.toml"
+);
+const GPUS: i64 = 64;
+
+/// Waits until the service has acted on everything due at the clock's time: no active lease
+/// past its end, no round still open past its deadline.
+async fn settled(database: &mut PgConnection, service: &Service) {
+    let now = to_datetime(service.clock.now());
+    for _ in 0..2_000 {
+        let (behind,): (bool,) = sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM leases WHERE state = 'active' AND end_at <= $1)
+                 OR EXISTS (SELECT 1 FROM rounds WHERE status = 'open' AND deadline <= $1)",
+        )
+        .bind(now)
+        .fetch_one(&mut *database)
+        .await
+        .expect("query");
+        if !behind {
+            return;
+        }
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("the service never caught up with the clock at {now}");
+}
+
+#[actix_web::test]
+async fn after_ten_minutes_of_demo_rounds_still_come_every_few_seconds_with_several_bidders() {
+    let database_url = fresh_database().await;
+    // The demo's own settings (short leases and bid windows) on its default fleet.
+    let mut config = ServerConfig {
+        fleet: TESTBED.into(),
+        lease_seconds: ServerConfig::default().lease_seconds,
+        round_deadline_ms: ServerConfig::default().round_deadline_ms,
+        tick_ms: 2,
+        ..config(&database_url)
+    };
+    let token_file = std::env::temp_dir().join("agora-demo-test-unused-token");
+    adjust_with(&mut config, &token_file).expect("demo settings");
+    let clock = start_clock();
+    let service = serve(&config, clock.clone()).await;
+    let start = to_datetime(clock.now());
+    let options = DemoOptions::new(7, DemoOptions::DEFAULT_RATE).expect("valid");
+    let mut demo = Demo::new(
+        service.base.clone(),
+        ADMIN.to_owned(),
+        Arc::new(clock.clone()),
+        options,
+        None,
+    )
+    .await
+    .expect("demo starts");
+    let mut database = PgConnection::connect(&database_url).await.expect("connect");
+    for _ in 0..600 {
+        demo.step().await;
+        clock.advance(Duration::from_secs(1));
+        settled(&mut database, &service).await;
+    }
+    let end = to_datetime(clock.now());
+    let last_minute = end - chrono::Duration::seconds(60);
+
+    // (opened_at, bidders, unmet demand of all standing apps, starving apps)
+    let rounds: Vec<(chrono::DateTime<chrono::Utc>, i64, i64, i64)> = sqlx::query_as(
+        "SELECT r.opened_at, count(*) FILTER (WHERE s.bidder),
+                sum(s.unmet_demand)::bigint, count(*) FILTER (WHERE s.rho IS NULL)
+         FROM rounds r JOIN round_standings s ON s.round_id = r.id
+         WHERE r.opened_at >= $1 AND r.status = 'closed'
+         GROUP BY r.id ORDER BY r.opened_at",
+    )
+    .bind(last_minute)
+    .fetch_all(&mut database)
+    .await
+    .expect("rounds");
+    assert!(
+        rounds.len() >= 12,
+        "{} rounds in the tenth minute",
+        rounds.len()
+    );
+    let mut previous = last_minute;
+    for &(opened_at, bidders, unmet, _) in &rounds {
+        assert!(
+            opened_at - previous <= chrono::Duration::seconds(5),
+            "no round between {previous} and {opened_at}"
+        );
+        assert!(bidders >= 3, "round at {opened_at} had {bidders} bidders");
+        assert!(
+            unmet >= GPUS,
+            "demand at {opened_at} is held + {unmet}: not 2x the {GPUS} GPUs"
+        );
+        previous = opened_at;
+    }
+    assert!(
+        end - previous <= chrono::Duration::seconds(5),
+        "rounds stopped at {previous}"
+    );
+
+    // The market lived: apps of both kinds and several tenants arrived all along, some
+    // finished, some starved for a while.
+    let (tenants, searches, singles, finished, late, starving): (i64, i64, i64, i64, i64, i64) =
+        sqlx::query_as(
+            "SELECT count(DISTINCT tenant_id),
+                count(*) FILTER (WHERE kind = 'successive_halving'),
+                count(*) FILTER (WHERE kind = 'single_job'),
+                count(*) FILTER (WHERE finished_at IS NOT NULL),
+                count(*) FILTER (WHERE arrived_at >= $1),
+                (SELECT count(DISTINCT app_id) FROM round_standings WHERE rho IS NULL)
+         FROM apps",
+        )
+        .bind(start + chrono::Duration::seconds(300))
+        .fetch_one(&mut database)
+        .await
+        .expect("apps");
+    assert_eq!(tenants, 4);
+    assert!(
+        searches >= 3 && singles >= 3,
+        "{searches} searches, {singles} single jobs"
+    );
+    assert!(finished >= 3, "{finished} apps finished");
+    assert!(late >= 3, "{late} apps arrived after minute 5");
+    assert!(starving >= 3, "{starving} apps starved for a while");
+    service.running.stop().await;
+}
+
+#[actix_web::test]
+async fn a_restarted_demo_goes_on_as_the_same_tenants_with_new_apps() {
+    let database_url = fresh_database().await;
+    let config = config(&database_url);
+    let tokens = std::env::temp_dir().join(format!("agora-demo-restart-{}", std::process::id()));
+    let clock = start_clock();
+    let mut live = Vec::new();
+    for _run in 0..2 {
+        let service = serve(&config, clock.clone()).await;
+        let mut demo = Demo::new(
+            service.base.clone(),
+            ADMIN.to_owned(),
+            Arc::new(clock.clone()),
+            DemoOptions::default(),
+            Some(&tokens),
+        )
+        .await
+        .expect("demo starts");
+        demo.step().await;
+        live.push(demo.live_apps());
+        let (_, me) = service.call("GET", "/v1/me", ADMIN, None).await;
+        let unfinished = me["apps"]
+            .as_array()
+            .expect("apps")
+            .iter()
+            .filter(|app| app["finished_at"].is_null())
+            .count();
+        assert_eq!(
+            unfinished,
+            demo.live_apps(),
+            "only this run's apps are active: {me}"
+        );
+        service.running.stop().await;
+        clock.advance(Duration::from_secs(60));
+    }
+    assert!(
+        live.iter().all(|&apps| apps > 0),
+        "apps in both runs: {live:?}"
+    );
+    std::fs::remove_file(&tokens).expect("the tokens were kept");
+}
