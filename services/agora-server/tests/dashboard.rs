@@ -176,6 +176,60 @@ async fn an_apps_rho_history_and_rounds_are_shown_to_its_tenant_only() {
         "{first}"
     );
 
+    // Two later rounds in which the speaker was the only app offered GPUs: in one the tuner
+    // wanted two more, in the other it held all it could use. The first is listed, in words.
+    let pool = service.running.store.pool();
+    for (round, tuner_unmet) in [(100_001, 2), (100_002, 0)] {
+        sqlx::query(
+            "INSERT INTO rounds SELECT (jsonb_populate_record(NULL::rounds,
+                 to_jsonb(r) || jsonb_build_object('id', $1::bigint))).*
+             FROM rounds r WHERE r.id = (SELECT max(id) FROM rounds WHERE id < 100000)",
+        )
+        .bind(round)
+        .execute(pool)
+        .await
+        .expect("a round");
+        sqlx::query(
+            "INSERT INTO round_standings (round_id, position, app_id, rho, unmet_demand, bidder)
+             VALUES ($1, 0, $2, NULL, 2, true), ($1, 1, $3, 1.25, $4, false)",
+        )
+        .bind(round)
+        .bind(market.speaker)
+        .bind(market.tuner)
+        .bind(tuner_unmet)
+        .execute(pool)
+        .await
+        .expect("standings");
+    }
+    let (_, rounds) = service
+        .call(
+            "GET",
+            &format!("/v1/apps/{}/rounds?after=2", market.tuner),
+            &market.vision,
+            None,
+        )
+        .await;
+    let listed: Vec<(i64, &str)> = rounds
+        .as_array()
+        .expect("rounds")
+        .iter()
+        .map(|round| {
+            (
+                round["round_id"].as_i64().unwrap_or(0),
+                round["why"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        vec![(
+            100_001,
+            "Round 100001: not offered: 1 app was worse off (ρ 1.250) and only the worst-off \
+             app was offered GPUs"
+        )],
+        "{rounds}"
+    );
+
     for path in [
         history_path.clone(),
         format!("/v1/apps/{}/rounds", market.tuner),

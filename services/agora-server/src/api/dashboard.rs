@@ -163,8 +163,9 @@ pub struct AppRoundsQuery {
     pub limit: Option<i64>,
 }
 
-/// The rounds the app took part in (as a bidder, or receiving leftovers), newest first: its
-/// bid table, the proportional-fair choice, its hidden payment c_i and the GPUs it got.
+/// The rounds in which the app wanted GPUs (it had unmet demand), was offered some, or received
+/// leftovers, newest first: its bid table, the proportional-fair choice, its hidden payment c_i,
+/// the GPUs it got, and the round in one sentence (including why it was not offered GPUs).
 #[utoipa::path(get, path = "/v1/apps/{app}/rounds", params(("app" = i64, Path), AppRoundsQuery),
     responses((status = 200, body = Vec<AppRound>), (status = 404, body = Problem)))]
 #[get("/v1/apps/{app}/rounds")]

@@ -173,7 +173,7 @@ impl Store {
                LEFT JOIN round_allocations al ON al.round_id = s.round_id AND al.app_id = s.app_id
                WHERE s.app_id = $1 AND s.round_id < coalesce($2, 9223372036854775807)
                  AND s.round_id > coalesce($4::bigint, 0)
-                 AND (s.bidder OR cardinality(al.leftover_gpus) > 0)
+                 AND (s.bidder OR s.unmet_demand > 0 OR cardinality(al.leftover_gpus) > 0)
                ORDER BY s.round_id DESC LIMIT $3"#,
             app,
             before,
