@@ -18,9 +18,11 @@ pub use workers::*;
 pub use writer::*;
 pub use writes::*;
 
+use std::sync::{Arc, OnceLock};
+
 use agora_market::app::AppId;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres, Transaction};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -44,6 +46,13 @@ pub enum StoreError {
     WriterStopped,
     #[error("stored data is not valid: {0}")]
     Corrupt(String),
+    #[error("this arbiter is a standby: only the leader writes")]
+    NotLeader,
+    #[error(
+        "another arbiter has taken over (fencing epoch {current}; this one led epoch {mine}); \
+         nothing was written. This arbiter stops: start it again to rejoin as a standby"
+    )]
+    Fenced { mine: i64, current: i64 },
 }
 
 impl StoreError {
@@ -69,6 +78,9 @@ impl StoreError {
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: PgPool,
+    /// The fencing epoch this arbiter leads with (`leadership.epoch`); unset on a standby.
+    /// Shared by every clone: one process leads at most once.
+    epoch: Arc<OnceLock<i64>>,
 }
 
 impl Store {
@@ -90,11 +102,35 @@ impl Store {
                 url: redact_password(url),
                 source,
             })?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            epoch: Arc::default(),
+        })
     }
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// From now on this store writes as the leader of fencing epoch `epoch`. A process leads
+    /// at most once (it stops when it loses the lead), so a second call changes nothing.
+    pub fn lead(&self, epoch: i64) {
+        let _ = self.epoch.set(epoch);
+    }
+
+    /// A transaction that may write: it holds `leadership`'s row FOR SHARE and goes on only
+    /// while the epoch is still this arbiter's, so an arbiter that lost the lead writes
+    /// nothing, and a successor's takeover waits for it to end.
+    pub async fn begin_write(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
+        let mine = *self.epoch.get().ok_or(StoreError::NotLeader)?;
+        let mut tx = self.pool.begin().await?;
+        let current = sqlx::query_scalar!("SELECT epoch FROM leadership FOR SHARE")
+            .fetch_one(&mut *tx)
+            .await?;
+        if current != mine {
+            return Err(StoreError::Fenced { mine, current });
+        }
+        Ok(tx)
     }
 }
 
@@ -110,7 +146,7 @@ pub fn app_id(key: i64) -> AppId {
 }
 
 /// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`, for error messages.
-fn redact_password(url: &str) -> String {
+pub(crate) fn redact_password(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let credentials = &url[scheme + 3..at];
