@@ -75,7 +75,8 @@ impl LeaderLock {
                     source,
                 })?;
         // Over TCP, Postgres then ends the session of a leader gone silent (host down, network
-        // lost) within about 3 s instead of the system's two hours, which frees the lock.
+        // lost) within about 3 s instead of the system's two hours, which frees the lock. (The
+        // pool's connections are set up alike: `Store::connect_without_migrating`.)
         sqlx::raw_sql(
             "SET tcp_keepalives_idle = 1; SET tcp_keepalives_interval = 1; \
              SET tcp_keepalives_count = 2",
@@ -87,9 +88,12 @@ impl LeaderLock {
 
     /// Takes the lock if no one holds it.
     pub async fn try_acquire(&mut self) -> Result<bool, StoreError> {
-        let taken = sqlx::query_scalar!(r#"SELECT pg_try_advisory_lock($1) AS "taken!""#, LEADER_LOCK)
-            .fetch_one(&mut self.connection)
-            .await?;
+        let taken = sqlx::query_scalar!(
+            r#"SELECT pg_try_advisory_lock($1) AS "taken!""#,
+            LEADER_LOCK
+        )
+        .fetch_one(&mut self.connection)
+        .await?;
         Ok(taken)
     }
 

@@ -131,7 +131,10 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
 }
 
 /// Binds and runs the HTTP server in the background.
-fn serve_http(config: &ServerConfig, state: ApiState) -> anyhow::Result<(SocketAddr, ServerHandle)> {
+fn serve_http(
+    config: &ServerConfig,
+    state: ApiState,
+) -> anyhow::Result<(SocketAddr, ServerHandle)> {
     let http = HttpServer::new(move || {
         HttpApp::new()
             .app_data(web::Data::new(state.clone()))
@@ -193,7 +196,9 @@ impl Candidate {
         match self.take_over(lock).await {
             Ok(held) => self.keep_leading(held).await,
             Err(error) => {
-                let _ = self.failed.send(format!("cannot take over as leader: {error:#}"));
+                let _ = self
+                    .failed
+                    .send(format!("cannot take over as leader: {error:#}"));
             }
         }
     }

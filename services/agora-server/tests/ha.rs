@@ -22,7 +22,10 @@ async fn a_standby_serves_reads_turns_writes_away_and_takes_over_every_lease_and
     let clock = start_clock();
     let mut leader = serve(&settings, clock.clone()).await;
     let standby = serve(&settings, clock).await;
-    assert!(leader.running.leadership.arbiter().is_some(), "the first leads");
+    assert!(
+        leader.running.leadership.arbiter().is_some(),
+        "the first leads"
+    );
     assert!(
         standby.running.leadership.arbiter().is_none(),
         "the second stands by"
@@ -34,14 +37,21 @@ async fn a_standby_serves_reads_turns_writes_away_and_takes_over_every_lease_and
     let held = leader
         .wait_for_leases(&vision, holder, |leases| active(leases).len() == 1)
         .await;
-    let bidder = leader.register(&vision, "bidder", "explicit", 2, 1_000).await;
+    let bidder = leader
+        .register(&vision, "bidder", "explicit", 2, 1_000)
+        .await;
     let offer = leader.wait_for(&vision, bidder, "offer").await;
     let round = offer["round"].as_i64().expect("round");
     let gpu = offer["gpus"][0]["id"].clone();
     let bid = json!({ "app": bidder, "rho_old": offer["rho"],
                       "bids": [{ "gpus": [gpu], "rho": 1.5 }] });
     let (status, ack) = leader
-        .call("POST", &format!("/v1/rounds/{round}/bids"), &vision, Some(bid))
+        .call(
+            "POST",
+            &format!("/v1/rounds/{round}/bids"),
+            &vision,
+            Some(bid),
+        )
         .await;
     assert_eq!(status, 201, "{ack}");
 
@@ -49,11 +59,18 @@ async fn a_standby_serves_reads_turns_writes_away_and_takes_over_every_lease_and
     let (status, leases) = standby
         .call("GET", &format!("/v1/apps/{holder}/leases"), &vision, None)
         .await;
-    assert_eq!((status, leases[0]["id"].clone()), (200, held[0]["id"].clone()));
+    assert_eq!(
+        (status, leases[0]["id"].clone()),
+        (200, held[0]["id"].clone())
+    );
     // ...and sends every write, and what only the leader knows live, to the leader.
     let progress = json!({ "jobs": [{ "job": "j0", "completed_iterations": 10 }] });
     for (method, path, body) in [
-        ("POST", format!("/v1/apps/{bidder}/progress"), Some(progress)),
+        (
+            "POST",
+            format!("/v1/apps/{bidder}/progress"),
+            Some(progress),
+        ),
         ("GET", "/v1/rounds/current".to_owned(), None),
         ("GET", format!("/v1/apps/{bidder}/events/poll"), None),
     ] {
@@ -80,7 +97,11 @@ async fn a_standby_serves_reads_turns_writes_away_and_takes_over_every_lease_and
         .call("GET", &format!("/v1/apps/{holder}/why"), &vision, None)
         .await;
     // Its one lease, of two GPUs.
-    assert_eq!((status, why["now"]["gpus_held"].clone()), (200, json!(2)), "{why}");
+    assert_eq!(
+        (status, why["now"]["gpus_held"].clone()),
+        (200, json!(2)),
+        "{why}"
+    );
     standby.clock.advance(Duration::from_secs(11));
     let won = standby
         .wait_for_leases(&vision, bidder, |leases| active(leases).len() == 1)
@@ -90,12 +111,23 @@ async fn a_standby_serves_reads_turns_writes_away_and_takes_over_every_lease_and
     // The old leader can never write again: the fencing epoch refuses it...
     let refused = leader.running.store.create_tenant("stale", &[7; 32]).await;
     assert!(
-        matches!(refused, Err(StoreError::Fenced { mine: 1, current: 2 })),
+        matches!(
+            refused,
+            Err(StoreError::Fenced {
+                mine: 1,
+                current: 2
+            })
+        ),
         "{refused:?}"
     );
     // ...whichever way a request reaches it.
     let (status, _) = leader
-        .call("POST", "/v1/tenants", ADMIN, Some(json!({ "name": "stale" })))
+        .call(
+            "POST",
+            "/v1/tenants",
+            ADMIN,
+            Some(json!({ "name": "stale" })),
+        )
         .await;
     assert_eq!(status, 503);
     let stale: i64 = sqlx::query_scalar("SELECT count(*) FROM tenants WHERE name = 'stale'")

@@ -179,8 +179,12 @@ impl ApiError {
     /// A standby's answer to what only the leader does, naming the leader when one is known.
     pub fn not_leader(leader: Option<String>) -> Self {
         let detail = match &leader {
-            Some(url) => format!("this arbiter is a standby; send the request to the leader at {url}"),
-            None => "this arbiter is a standby and no leader is known yet; retry shortly".to_owned(),
+            Some(url) => {
+                format!("this arbiter is a standby; send the request to the leader at {url}")
+            }
+            None => {
+                "this arbiter is a standby and no leader is known yet; retry shortly".to_owned()
+            }
         };
         Self {
             leader,

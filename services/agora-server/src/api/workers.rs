@@ -73,7 +73,11 @@ pub async fn register(
     let registration = body.into_inner();
     check_registration(&registration)
         .map_err(|reason| ApiError::unprocessable(ErrorCode::InvalidRegistration, reason))?;
-    let registered = state.arbiter().await?.send(RegisterHost { registration }).await??;
+    let registered = state
+        .arbiter()
+        .await?
+        .send(RegisterHost { registration })
+        .await??;
     Ok(HttpResponse::Ok().json(registered))
 }
 

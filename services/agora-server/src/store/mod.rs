@@ -18,10 +18,11 @@ pub use workers::*;
 pub use writer::*;
 pub use writes::*;
 
+use std::str::FromStr as _;
 use std::sync::{Arc, OnceLock};
 
 use agora_market::app::AppId;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +75,14 @@ impl StoreError {
     }
 }
 
+/// Session settings of every connection of the pool: see [`Store::connect_without_migrating`].
+const CUT_OFF_STALLED_SESSIONS: [(&str, &str); 4] = [
+    ("idle_in_transaction_session_timeout", "3s"),
+    ("tcp_keepalives_idle", "1"),
+    ("tcp_keepalives_interval", "1"),
+    ("tcp_keepalives_count", "2"),
+];
+
 /// The database handle shared by the arbiter and the HTTP handlers.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -94,14 +103,21 @@ impl Store {
     /// Connects to a database the service has set up, changing nothing: for readers such as
     /// `agora audit replay`, which an auditor runs with `SELECT` rights only.
     pub async fn connect_without_migrating(url: &str) -> Result<Self, StoreError> {
+        let connect_error = |source| StoreError::Connect {
+            url: redact_password(url),
+            source,
+        };
+        // A transaction left open by an arbiter that stalled or lost its network would hold
+        // the `leadership` row and keep a successor from taking over: Postgres ends such a
+        // session after a few seconds (the writer never idles inside a transaction).
+        let options = PgConnectOptions::from_str(url)
+            .map_err(connect_error)?
+            .options(CUT_OFF_STALLED_SESSIONS);
         let pool = PgPoolOptions::new()
             .max_connections(16)
-            .connect(url)
+            .connect_with(options)
             .await
-            .map_err(|source| StoreError::Connect {
-                url: redact_password(url),
-                source,
-            })?;
+            .map_err(connect_error)?;
         Ok(Self {
             pool,
             epoch: Arc::default(),

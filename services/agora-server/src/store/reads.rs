@@ -692,11 +692,9 @@ impl Store {
 
     /// The URL of the arbiter that leads now (or led last), as it advertised itself.
     pub async fn leader_url(&self) -> Result<Option<String>, StoreError> {
-        Ok(
-            sqlx::query_scalar!("SELECT leader_url FROM leadership")
-                .fetch_one(&self.pool)
-                .await?,
-        )
+        Ok(sqlx::query_scalar!("SELECT leader_url FROM leadership")
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     /// The next unused round and lease ids.
