@@ -7,11 +7,11 @@
 use std::time::Duration;
 
 use actix::Addr;
-use sqlx::{Connection, PgConnection};
+use sqlx::{ConnectOptions as _, Connection, PgConnection};
 use tokio::sync::watch;
 
 use crate::actors::arbiter::Arbiter;
-use crate::store::StoreError;
+use crate::store::{connect_error, connect_options, StoreError};
 
 /// The advisory lock the leader holds: "agora" in ASCII. Advisory locks are per database, so
 /// arbiters of different databases on one server do not meet.
@@ -66,23 +66,14 @@ pub struct LeaderLock {
 }
 
 impl LeaderLock {
+    /// Connects as the pool does (`store::connect_options`: a leader gone silent loses its
+    /// session, and so the lock, within about 3 s).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let mut connection =
-            PgConnection::connect(url)
-                .await
-                .map_err(|source| StoreError::Connect {
-                    url: crate::store::redact_password(url),
-                    source,
-                })?;
-        // Over TCP, Postgres then ends the session of a leader gone silent (host down, network
-        // lost) within about 3 s instead of the system's two hours, which frees the lock. (The
-        // pool's connections are set up alike: `Store::connect_without_migrating`.)
-        sqlx::raw_sql(
-            "SET tcp_keepalives_idle = 1; SET tcp_keepalives_interval = 1; \
-             SET tcp_keepalives_count = 2",
-        )
-        .execute(&mut connection)
-        .await?;
+        // Waiting for the lock is what a standby does: not a slow statement to warn about.
+        let options = connect_options(url)?.disable_statement_logging();
+        let connection = PgConnection::connect_with(&options)
+            .await
+            .map_err(|source| connect_error(url, source))?;
         Ok(Self { connection })
     }
 

@@ -75,13 +75,27 @@ impl StoreError {
     }
 }
 
-/// Session settings of every connection of the pool: see [`Store::connect_without_migrating`].
-const CUT_OFF_STALLED_SESSIONS: [(&str, &str); 4] = [
-    ("idle_in_transaction_session_timeout", "3s"),
-    ("tcp_keepalives_idle", "1"),
-    ("tcp_keepalives_interval", "1"),
-    ("tcp_keepalives_count", "2"),
-];
+/// How every connection of an arbiter connects. A session left in a transaction by an arbiter
+/// that stalled, or gone silent with its network, would hold the `leadership` row (or the
+/// leader's lock) and keep a successor from taking over: Postgres ends the first after 3 s (the
+/// writer never idles inside a transaction) and, with these TCP keepalives, the second within
+/// about 3 s instead of the system's two hours.
+pub(crate) fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
+    let options = PgConnectOptions::from_str(url).map_err(|source| connect_error(url, source))?;
+    Ok(options.options([
+        ("idle_in_transaction_session_timeout", "3s"),
+        ("tcp_keepalives_idle", "1"),
+        ("tcp_keepalives_interval", "1"),
+        ("tcp_keepalives_count", "2"),
+    ]))
+}
+
+pub(crate) fn connect_error(url: &str, source: sqlx::Error) -> StoreError {
+    StoreError::Connect {
+        url: redact_password(url),
+        source,
+    }
+}
 
 /// The database handle shared by the arbiter and the HTTP handlers.
 #[derive(Debug, Clone)]
@@ -103,21 +117,12 @@ impl Store {
     /// Connects to a database the service has set up, changing nothing: for readers such as
     /// `agora audit replay`, which an auditor runs with `SELECT` rights only.
     pub async fn connect_without_migrating(url: &str) -> Result<Self, StoreError> {
-        let connect_error = |source| StoreError::Connect {
-            url: redact_password(url),
-            source,
-        };
-        // A transaction left open by an arbiter that stalled or lost its network would hold
-        // the `leadership` row and keep a successor from taking over: Postgres ends such a
-        // session after a few seconds (the writer never idles inside a transaction).
-        let options = PgConnectOptions::from_str(url)
-            .map_err(connect_error)?
-            .options(CUT_OFF_STALLED_SESSIONS);
+        let options = connect_options(url)?;
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .connect_with(options)
             .await
-            .map_err(connect_error)?;
+            .map_err(|source| connect_error(url, source))?;
         Ok(Self {
             pool,
             epoch: Arc::default(),
@@ -162,7 +167,7 @@ pub fn app_id(key: i64) -> AppId {
 }
 
 /// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`, for error messages.
-pub(crate) fn redact_password(url: &str) -> String {
+fn redact_password(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let credentials = &url[scheme + 3..at];
