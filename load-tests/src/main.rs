@@ -189,10 +189,9 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         std::thread::spawn(move || run_threads(&plan, tokens, live))
     };
     let mut sampler = Sampler::new(args.server_pid, Duration::from_secs(args.sample_secs));
-    let takeovers = match &mut arbiters {
-        Some(arbiters) => Some(kill_leaders(arbiters, args, &live, &mut sampler, started)),
-        None => None,
-    };
+    let takeovers = arbiters
+        .as_mut()
+        .map(|arbiters| kill_leaders(arbiters, args, &live, &mut sampler, started));
     while !runner.is_finished() {
         sampler.tick(started, &live);
         std::thread::sleep(Duration::from_millis(100));
