@@ -394,6 +394,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_standbys_answer_names_the_leader_to_follow() {
+        let named = br#"{"code": "not_leader", "leader": "http://arbiter-2:8080"}"#;
+        assert_eq!(
+            not_leader(named),
+            Some(Some("http://arbiter-2:8080".to_owned()))
+        );
+        assert_eq!(not_leader(br#"{"code": "not_leader"}"#), Some(None));
+        assert_eq!(not_leader(br#"{"code": "store_unavailable"}"#), None);
+        assert_eq!(not_leader(b"Service Unavailable"), None);
+    }
+
+    #[test]
     fn registration_retries_back_off_to_half_a_minute() {
         assert_eq!(backoff(0), Duration::from_millis(500));
         assert_eq!(backoff(1), Duration::from_secs(1));
