@@ -1,5 +1,9 @@
-//! A thin HTTP client for the arbiter's API that times every call.
+//! A thin HTTP client for the arbiter's API that times every call. Given several arbiters of
+//! one database, it follows the leader as documented for clients (`docs/api.md`): a request
+//! answered 503 `not_leader` goes to the arbiter it names, one that gets no answer to the next
+//! arbiter, until one takes it.
 
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -24,16 +28,24 @@ impl Answer {
     }
 }
 
-/// One base URL, one connection pool (no limit on connections: every player keeps a
-/// long-poll open).
+/// How long a request may go on looking for the leader (a takeover takes well under this).
+const FAILOVER_PATIENCE: Duration = Duration::from_secs(15);
+/// The pause between two tries while no arbiter takes a request.
+const FAILOVER_PAUSE: Duration = Duration::from_millis(25);
+
+/// The arbiters' base URLs (one, or several sharing a database), one connection pool (no limit
+/// on connections: every player keeps a long-poll open).
 #[allow(missing_debug_implementations)] // awc::Client is not Debug
 pub struct Api {
     client: awc::Client,
-    base: String,
+    bases: Vec<String>,
+    /// The base tried first: the last that took a request.
+    current: Cell<usize>,
 }
 
 impl Api {
-    pub fn new(base: &str) -> Self {
+    /// `bases`: comma-separated base URLs.
+    pub fn new(bases: &str) -> Self {
         let connector = awc::Connector::new().limit(0);
         let client = awc::Client::builder()
             .connector(connector)
@@ -41,13 +53,64 @@ impl Api {
             .finish();
         Self {
             client,
-            base: base.trim_end_matches('/').to_owned(),
+            bases: bases
+                .split(',')
+                .map(|base| base.trim().trim_end_matches('/').to_owned())
+                .collect(),
+            current: Cell::new(0),
         }
     }
 
-    /// Sends one request; `Err` only when no HTTP answer came back (refused, timed out).
+    /// Sends one request, to the leader when there are several arbiters; `Err` only when no
+    /// HTTP answer came back (refused, timed out) from any. The latency covers every try.
     pub async fn call(
         &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<Answer, String> {
+        let started = Instant::now();
+        loop {
+            let base = &self.bases[self.current.get()];
+            let outcome = self.send(base, method, path, token, body, headers).await;
+            if self.bases.len() == 1 || started.elapsed() > FAILOVER_PATIENCE {
+                return outcome;
+            }
+            match &outcome {
+                Ok(answer) if answer.body["code"] == "not_leader" => {
+                    self.follow(answer.body["leader"].as_str())
+                }
+                Err(_) => self.next(),
+                Ok(answer) => {
+                    return Ok(Answer {
+                        latency: started.elapsed(),
+                        ..answer.clone()
+                    })
+                }
+            }
+            actix_rt::time::sleep(FAILOVER_PAUSE).await;
+        }
+    }
+
+    /// Goes to the leader a standby named, or to the next arbiter when it named none.
+    fn follow(&self, leader: Option<&str>) {
+        match leader.and_then(|leader| self.bases.iter().position(|base| base == leader)) {
+            Some(index) => self.current.set(index),
+            None => self.next(),
+        }
+    }
+
+    fn next(&self) {
+        self.current
+            .set((self.current.get() + 1) % self.bases.len());
+    }
+
+    /// One try at `base`.
+    async fn send(
+        &self,
+        base: &str,
         method: &str,
         path: &str,
         token: &str,
@@ -59,7 +122,7 @@ impl Api {
             .map_err(|_| format!("bad HTTP method {method}"))?;
         let mut request = self
             .client
-            .request(method, format!("{}{path}", self.base))
+            .request(method, format!("{base}{path}"))
             .bearer_auth(token);
         for (name, value) in headers {
             request = request.insert_header((*name, *value));

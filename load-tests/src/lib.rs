@@ -4,6 +4,7 @@
 //! acknowledged bid is stored and no GPU was ever leased twice at once.
 
 pub mod api;
+pub mod failover;
 pub mod player;
 pub mod rss;
 pub mod run;

@@ -4,10 +4,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use agora_load::failover::{Arbiters, ServeCommand};
 use agora_load::rss::resident_kib;
 use agora_load::run::{create_tenants, run_threads, Outcome, Plan};
 use agora_load::stats::{Live, Op, Stats};
 use agora_load::verify::verify;
+use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -22,6 +24,10 @@ enum Scenario {
     Bids,
     /// 10,000 apps registered, then the server's memory sampled while rounds go on.
     Apps,
+    /// Two arbiters on one database (started by the load generator, `--agora`); 50 apps play
+    /// while the leader is killed with SIGKILL `--kills` times, each time started again as a
+    /// standby. Every takeover is timed (at most 5 s to pass).
+    Failover,
 }
 
 /// Load scenarios against a running arbiter (`agora serve`), then a correctness check in
@@ -63,6 +69,25 @@ struct Args {
     threads: usize,
     #[arg(long, default_value_t = 10)]
     sample_secs: u64,
+    /// failover: the `agora` binary that runs the arbiters.
+    #[arg(long, default_value = "target/debug/agora")]
+    agora: std::path::PathBuf,
+    /// failover: the arbiters' config (`agora serve --config`; their addresses and database
+    /// come from `--arbiters` and `--database-url`).
+    #[arg(long, default_value = "load-tests/arbiter.toml")]
+    arbiter_config: std::path::PathBuf,
+    /// failover: the loopback addresses of the arbiters, comma-separated.
+    #[arg(long, default_value = "127.0.0.1:18080,127.0.0.1:18081")]
+    arbiters: String,
+    /// failover: how many times the leader is killed.
+    #[arg(long, default_value_t = 100)]
+    kills: usize,
+    /// failover: milliseconds of play between a killed arbiter answering again and the next kill.
+    #[arg(long, default_value_t = 1000)]
+    kill_every_ms: u64,
+    /// failover: where the arbiters' logs go (`arbiter-<n>.log`).
+    #[arg(long, default_value = "target/failover")]
+    log_dir: std::path::PathBuf,
 }
 
 struct Preset {
@@ -103,6 +128,12 @@ fn preset(scenario: Scenario) -> Preset {
             settle: 60,
             ..steady
         },
+        // Played until the kills are done.
+        Scenario::Failover => Preset {
+            apps: 50,
+            duration: 24 * 3600,
+            ..steady
+        },
     }
 }
 
@@ -119,13 +150,19 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> anyhow::Result<bool> {
+    let mut arbiters = match args.scenario {
+        Scenario::Failover => Some(start_arbiters(args)?),
+        _ => None,
+    };
     let preset = preset(args.scenario);
     let apps = args.apps.unwrap_or(preset.apps);
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     let plan = Plan {
-        base: args.base.clone(),
+        base: arbiters
+            .as_ref()
+            .map_or_else(|| args.base.clone(), Arbiters::bases),
         admin_token: args.admin_token.clone(),
         label: format!("load-{}", since_epoch.as_millis()),
         tenants: args.tenants,
@@ -152,6 +189,9 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         std::thread::spawn(move || run_threads(&plan, tokens, live))
     };
     let mut sampler = Sampler::new(args.server_pid, Duration::from_secs(args.sample_secs));
+    let takeovers = arbiters
+        .as_mut()
+        .map(|arbiters| kill_leaders(arbiters, args, &live, &mut sampler, started));
     while !runner.is_finished() {
         sampler.tick(started, &live);
         std::thread::sleep(Duration::from_millis(100));
@@ -189,6 +229,20 @@ fn run(args: &Args) -> anyhow::Result<bool> {
     sampler.print_memory();
 
     let mut passed = errors == 0;
+    if let Some(arbiters) = arbiters {
+        arbiters.stop();
+    }
+    if let Some(takeovers) = takeovers {
+        // Failed requests are expected around a kill (a release retried after it committed is
+        // 409): what must hold is in Postgres, and the takeovers.
+        passed = match takeovers {
+            Ok(takeovers) => report_takeovers(&takeovers, args.kills),
+            Err(error) => {
+                println!("\nthe kills stopped: {error:#}");
+                false
+            }
+        };
+    }
     match &args.database_url {
         Some(url) => {
             let verification = actix_rt::System::new().block_on(verify(url, &outcome.acked))?;
@@ -199,6 +253,74 @@ fn run(args: &Args) -> anyhow::Result<bool> {
     }
     println!("{}", if passed { "PASSED" } else { "FAILED" });
     Ok(passed)
+}
+
+fn start_arbiters(args: &Args) -> anyhow::Result<Arbiters> {
+    let database_url = args
+        .database_url
+        .clone()
+        .context("the failover scenario needs --database-url (or DATABASE_URL)")?;
+    std::fs::create_dir_all(&args.log_dir)?;
+    let command = ServeCommand {
+        agora: args.agora.clone(),
+        config: args.arbiter_config.clone(),
+        database_url,
+        admin_token: args.admin_token.clone(),
+        log_dir: args.log_dir.clone(),
+    };
+    let addresses = args.arbiters.split(',').map(str::to_owned).collect();
+    Arbiters::start(command, addresses)
+}
+
+/// Kills the leader `--kills` times while the players play, then stops them; each takeover's
+/// time.
+fn kill_leaders(
+    arbiters: &mut Arbiters,
+    args: &Args,
+    live: &Live,
+    sampler: &mut Sampler,
+    started: Instant,
+) -> anyhow::Result<Vec<Duration>> {
+    let pause = Duration::from_millis(args.kill_every_ms);
+    let mut takeovers = Vec::with_capacity(args.kills);
+    let result = (|| {
+        // Kills start once the players bid.
+        while live.snapshot().0 == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for kill in 1..=args.kills {
+            std::thread::sleep(pause);
+            let takeover = arbiters.kill_leader()?;
+            println!(
+                "kill {kill}: a standby led {:.0} ms after the leader was killed",
+                takeover.as_secs_f64() * 1e3
+            );
+            takeovers.push(takeover);
+            sampler.tick(started, live);
+        }
+        anyhow::Ok(())
+    })();
+    live.stop();
+    result.map(|()| takeovers)
+}
+
+/// Prints the takeovers' times; whether every kill was done and every takeover took at most 5 s.
+fn report_takeovers(takeovers: &[Duration], kills: usize) -> bool {
+    const BOUND: Duration = Duration::from_secs(5);
+    let mut millis: Vec<f64> = takeovers.iter().map(|t| t.as_secs_f64() * 1e3).collect();
+    millis.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        millis
+            .get(((millis.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let over = takeovers.iter().filter(|t| **t > BOUND).count();
+    println!(
+        "\ntakeovers: {} of {kills} kills; min {:.0} ms, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; {over} over 5 s",
+        takeovers.len(), at(0.0), at(0.5), at(0.99), at(1.0)
+    );
+    takeovers.len() == kills && over == 0
 }
 
 /// Progress lines every `every`: bids and requests per second since the last line, errors so

@@ -87,7 +87,7 @@ impl Player {
         let mut held: Vec<(i64, Instant)> = Vec::new();
         let mut after = 0i64;
         let mut iterations = 0u64;
-        while Instant::now() < self.behaviour.until {
+        while Instant::now() < self.behaviour.until && !self.live.stopped() {
             let next_release = held.iter().map(|(_, at)| *at + self.behaviour.hold).min();
             let wait = [Some(self.behaviour.until), next_release]
                 .into_iter()

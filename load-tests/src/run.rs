@@ -17,7 +17,7 @@ use crate::stats::{Live, Op, Stats};
 /// What to play.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The arbiter's base URL, e.g. `http://127.0.0.1:8080`.
+    /// The arbiters' base URLs, comma-separated: one, or several sharing a database (`Api`).
     pub base: String,
     pub admin_token: String,
     /// Prefix of tenant and app names, unique per run so runs can share a database.

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::api::Answer;
@@ -51,9 +51,19 @@ pub struct Live {
     pub bids: AtomicU64,
     pub requests: AtomicU64,
     pub errors: AtomicU64,
+    /// Set to end the play before its duration (the failover scenario, once its kills are done).
+    stopped: AtomicBool,
 }
 
 impl Live {
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
+    }
+
     pub fn snapshot(&self) -> (u64, u64, u64) {
         (
             self.bids.load(Ordering::Relaxed),

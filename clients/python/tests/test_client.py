@@ -259,3 +259,22 @@ def test_the_sse_parser_follows_the_event_stream_format() -> None:
     assert [(event.id, event.kind) for event in events] == [(41, "lease_ended"), (42, "offer")]
     assert events[0].data == models.LeaseEnded(lease=7, state="revoked", gpus=("m0-g0",), reason="drained")
     assert events[1].data == {"round": 3}
+
+
+def test_a_standby_sends_the_client_to_the_leader_it_names() -> None:
+    sent: list[str] = []
+
+    def arbiters(request: httpx.Request) -> httpx.Response:
+        sent.append(str(request.url))
+        if request.url.host == "standby":
+            problem = {"type": "/problems/not_leader", "title": "Service Unavailable", "status": 503,
+                       "detail": "this arbiter is a standby; send the request to the leader at http://leader:8080",
+                       "code": "not_leader", "leader": "http://leader:8080"}
+            return httpx.Response(503, headers={"Retry-After": "1"}, json=problem)
+        return httpx.Response(200, json=[])
+
+    transport = httpx.MockTransport(arbiters)
+    with Client("http://standby:8080", "token", transport=transport, retry=RetryPolicy(attempts=2, base_delay=0)) as agora:
+        assert agora.list_apps() == []
+        assert agora.list_apps() == []
+    assert sent == ["http://standby:8080/v1/apps", "http://leader:8080/v1/apps", "http://leader:8080/v1/apps"]

@@ -12,6 +12,11 @@ use serde::Deserialize;
 pub struct ServerConfig {
     /// Address to listen on; port 0 picks a free port.
     pub listen: String,
+    /// The URL clients and the other arbiters of the database reach this one at: a standby
+    /// names the leader's in the `not_leader` answers it gives writers. Default
+    /// `http://<the address listened on>`; set it when that is not reachable from elsewhere
+    /// (`0.0.0.0`, a container).
+    pub advertise_url: Option<String>,
     pub database_url: String,
     /// Token that may create tenants and see everything. Without one, admin endpoints answer 403.
     pub admin_token: Option<String>,
@@ -49,6 +54,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:8080".to_owned(),
+            advertise_url: None,
             database_url: "postgres://postgres@127.0.0.1:5432/agora".to_owned(),
             admin_token: None,
             admin_token_file: None,
@@ -141,8 +147,9 @@ impl ServerConfig {
         })
     }
 
-    /// `DATABASE_URL`, `AGORA_LISTEN`, `AGORA_ADMIN_TOKEN`, `AGORA_FLEET`,
-    /// `AGORA_LEASE_SECONDS`, `AGORA_GPUS` and `AGORA_WORKER_TOKEN` override the file.
+    /// `DATABASE_URL`, `AGORA_LISTEN`, `AGORA_ADVERTISE_URL`, `AGORA_ADMIN_TOKEN`,
+    /// `AGORA_FLEET`, `AGORA_LEASE_SECONDS`, `AGORA_GPUS` and `AGORA_WORKER_TOKEN` override the
+    /// file.
     fn apply_environment(
         &mut self,
         env: impl Fn(&str) -> Option<String>,
@@ -152,6 +159,9 @@ impl ServerConfig {
         }
         if let Some(value) = env("AGORA_LISTEN") {
             self.listen = value;
+        }
+        if let Some(value) = env("AGORA_ADVERTISE_URL") {
+            self.advertise_url = Some(value);
         }
         if let Some(value) = env("AGORA_ADMIN_TOKEN") {
             self.admin_token = Some(value);
@@ -229,6 +239,13 @@ impl ServerConfig {
             GpuSource::Workers => self.worker_token.as_deref(),
             GpuSource::Simulated => None,
         }
+    }
+
+    /// The URL this arbiter advertises, listening on `address`.
+    pub fn advertise_url(&self, address: std::net::SocketAddr) -> String {
+        self.advertise_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{address}"))
     }
 
     pub fn heartbeat_interval(&self) -> Duration {

@@ -1,11 +1,12 @@
-//! Starting the service: the database, the GPUs (a simulated fleet or the registered hosts),
-//! the arbiter's state as the database last recorded it, the actors, and the HTTP server. Must
-//! run inside the actix runtime.
+//! Starting the service: the database, the HTTP server, and the lead: when this arbiter holds
+//! the leader's lock (at once, or later as a standby), the GPUs (a simulated fleet or the
+//! registered hosts), the arbiter's state as the database last recorded it, and the actors.
+//! Must run inside the actix runtime.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use actix::{Actor, Addr};
+use actix::Actor;
 use actix_web::dev::ServerHandle;
 use actix_web::{web, App as HttpApp, HttpServer};
 use agora_market::app::{App, AppKind};
@@ -20,7 +21,7 @@ use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, Gpu, GpuId, GpuIndex, GpuLocation};
 use agora_protocol::Enforcement;
 use anyhow::{anyhow, Context as _};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::actors::agent::Bidding;
@@ -28,18 +29,23 @@ use crate::actors::arbiter::{Arbiter, ArbiterSettings, ReopenedRound, Restored};
 use crate::api::{self, ApiState};
 use crate::clock::{from_datetime, Clock};
 use crate::config::{GpuSource, ServerConfig};
+use crate::leadership::{LeaderLock, Leadership};
 use crate::notices::Notices;
 use crate::store::{app_id, Store, StoredBid, StoredRound, StoredWorkerGpu};
 
-/// A started service.
+/// A started service: leading, or a standby waiting to take over.
 #[derive(Debug)]
 pub struct Running {
     /// Where it listens (the real port when the config asked for port 0).
     pub address: SocketAddr,
     pub http: ServerHandle,
-    pub arbiter: Addr<Arbiter>,
     pub store: Store,
-    failure: oneshot::Receiver<String>,
+    pub leadership: Leadership,
+    /// Why this arbiter must stop: its decision refused by the database, its lead lost, or its
+    /// takeover failed.
+    failures: mpsc::UnboundedReceiver<String>,
+    /// Waits for the leader's lock (a standby), then leads while holding it.
+    succession: JoinHandle<()>,
     /// Listens to token changes for the API's token memory.
     token_changes: JoinHandle<()>,
     /// Cancels auditors' statements that run too long.
@@ -47,80 +53,93 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops taking requests, finishes the ones in flight, stops the arbiter and waits until
-    /// every decision it made is written.
+    /// Stops taking requests, finishes the ones in flight, stops the arbiter, waits until every
+    /// decision it made is written, and only then lets the lock go to a standby.
     pub async fn stop(&self) {
         self.http.stop(true).await;
         self.token_changes.abort();
         self.auditor_watch.abort();
-        // Returns once the arbiter has stopped and its decisions are written; an arbiter that
-        // already stopped on its own has nothing left to write.
-        let _ = self.arbiter.send(crate::actors::Shutdown).await;
+        if let Some(arbiter) = self.leadership.arbiter() {
+            // Returns once the arbiter has stopped and its decisions are written; an arbiter
+            // that already stopped on its own has nothing left to write.
+            let _ = arbiter.send(crate::actors::Shutdown).await;
+        }
+        self.succession.abort();
     }
 
-    /// Why the arbiter stopped on its own (a decision the database refused); never returns if
-    /// it does not.
+    /// Why the arbiter must stop (a decision the database refused, its lead lost); never
+    /// returns if it need not.
     pub async fn failed(&mut self) -> String {
-        match (&mut self.failure).await {
-            Ok(reason) => reason,
-            Err(_) => std::future::pending().await,
+        match self.failures.recv().await {
+            Some(reason) => reason,
+            None => std::future::pending().await,
         }
     }
 }
 
-/// Starts everything; the HTTP server runs in the background until [`Running::stop`].
+/// Starts everything; the HTTP server runs in the background until [`Running::stop`]. Returns
+/// leading when no other arbiter of the database leads, and as a standby otherwise (it takes
+/// over in the background when the leader's lock is released).
 pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Result<Running> {
     let store = Store::connect(&config.database_url).await?;
-    let cluster = match config.gpus {
-        GpuSource::Simulated => {
-            let context = "the simulated fleet (`fleet` in the config, or AGORA_FLEET)";
-            let text = std::fs::read_to_string(&config.fleet)
-                .map_err(|source| ClusterFileError::Io {
-                    path: config.fleet.clone(),
-                    source,
-                })
-                .context(context)?;
-            let cluster = parse_cluster(&text, &config.fleet).context(context)?;
-            store.sync_fleet(&cluster).await?;
-            cluster
-        }
-        GpuSource::Workers => worker_cluster(&store.worker_gpus().await?)?,
-    };
-    let restored = restore(&store, cluster, config, clock.now()).await?;
     let notices = Arc::new(Notices::default());
-    let settings = ArbiterSettings {
-        round_deadline: config.round_deadline(),
-        revocation_grace: config.revocation_grace(),
-        tick: config.tick(),
-        heartbeat_interval: config.heartbeat_interval(),
-    };
-    let mut arbiter = Arbiter::new(
-        restored,
-        store.clone(),
-        clock.clone(),
-        settings,
-        notices.clone(),
-    );
-    let failure = arbiter.failure();
-    let arbiter = arbiter.start();
+    let leadership = Leadership::default();
     let state = ApiState {
         store: store.clone(),
-        arbiter: arbiter.clone(),
+        leadership: leadership.clone(),
         admin_token_sha256: config.admin_token.as_deref().map(api::token_sha256),
         worker_token_sha256: config.accepted_worker_token().map(api::token_sha256),
-        notices,
+        notices: notices.clone(),
         owners: Arc::default(),
         tokens: Arc::default(),
-        clock,
+        clock: clock.clone(),
     };
     let token_changes = actix_web::rt::spawn(state.tokens.clone().follow_changes(store.clone()));
     let auditor_watch = actix_web::rt::spawn(watch_auditors(
         store.clone(),
         config.auditor_statement_timeout(),
     ));
+    let (address, http) = serve_http(config, state)?;
+    let (failed, failures) = mpsc::unbounded_channel();
+    let candidate = Candidate {
+        config: config.clone(),
+        url: config.advertise_url(address),
+        clock,
+        store: store.clone(),
+        notices,
+        leadership: leadership.clone(),
+        failed,
+    };
+    let mut lock = LeaderLock::connect(&config.database_url).await?;
+    let succession = if lock.try_acquire().await? {
+        let held = candidate.take_over(lock).await?;
+        actix_web::rt::spawn(candidate.keep_leading(held))
+    } else {
+        tracing::info!(%address, "agora arbiter is a standby: another arbiter leads");
+        drop(lock);
+        actix_web::rt::spawn(candidate.stand_by())
+    };
+    Ok(Running {
+        address,
+        http,
+        store,
+        leadership,
+        failures,
+        succession,
+        token_changes,
+        auditor_watch,
+    })
+}
+
+/// Binds and runs the HTTP server in the background.
+fn serve_http(
+    config: &ServerConfig,
+    state: ApiState,
+) -> anyhow::Result<(SocketAddr, ServerHandle)> {
     let http = HttpServer::new(move || {
         HttpApp::new()
             .app_data(web::Data::new(state.clone()))
+            .wrap(actix_web::middleware::from_fn(api::turn_writes_away))
             .wrap(actix_web::middleware::Logger::new("%r %s %Dms").log_target("agora::http"))
             .wrap(actix_web::middleware::from_fn(
                 crate::telemetry::trace_request,
@@ -141,15 +160,126 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
     let handle = server.handle();
     actix_web::rt::spawn(server);
     tracing::info!(%address, "agora arbiter listening");
-    Ok(Running {
-        address,
-        http: handle,
-        arbiter,
-        store,
-        failure,
-        token_changes,
-        auditor_watch,
-    })
+    Ok((address, handle))
+}
+
+/// What an arbiter needs to take the lead.
+struct Candidate {
+    config: ServerConfig,
+    /// This arbiter's URL, recorded for standbys to name.
+    url: String,
+    clock: Arc<dyn Clock>,
+    store: Store,
+    notices: Arc<Notices>,
+    leadership: Leadership,
+    failed: mpsc::UnboundedSender<String>,
+}
+
+/// The leader's lock, and the arbiter's own failure.
+struct Held {
+    lock: LeaderLock,
+    arbiter_failure: oneshot::Receiver<String>,
+}
+
+impl Candidate {
+    /// Waits for the leader's lock (again after any error: Postgres away, a connection lost),
+    /// then takes over and leads.
+    async fn stand_by(self) {
+        let lock = loop {
+            match self.wait_for_lock().await {
+                Ok(lock) => break lock,
+                Err(error) => {
+                    tracing::warn!(%error, "standby cannot wait for the leader's lock; retrying in 1 s");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        };
+        match self.take_over(lock).await {
+            Ok(held) => self.keep_leading(held).await,
+            Err(error) => {
+                let _ = self
+                    .failed
+                    .send(format!("cannot take over as leader: {error:#}"));
+            }
+        }
+    }
+
+    async fn wait_for_lock(&self) -> Result<LeaderLock, crate::store::StoreError> {
+        let mut lock = LeaderLock::connect(&self.config.database_url).await?;
+        lock.acquire().await?;
+        Ok(lock)
+    }
+
+    /// With the lock held: claims the next fencing epoch, restores every app, lease and open
+    /// round from the database (after the epoch, so nothing the previous leader commits can be
+    /// missed) and starts the arbiter.
+    async fn take_over(&self, mut lock: LeaderLock) -> anyhow::Result<Held> {
+        let started = std::time::Instant::now();
+        let epoch = lock.claim(&self.url).await?;
+        self.store.lead(epoch);
+        let config = &self.config;
+        let cluster = load_cluster(config, &self.store).await?;
+        let restored = restore(&self.store, cluster, config, self.clock.now()).await?;
+        let settings = ArbiterSettings {
+            round_deadline: config.round_deadline(),
+            revocation_grace: config.revocation_grace(),
+            tick: config.tick(),
+            heartbeat_interval: config.heartbeat_interval(),
+        };
+        let mut arbiter = Arbiter::new(
+            restored,
+            self.store.clone(),
+            self.clock.clone(),
+            settings,
+            self.notices.clone(),
+        );
+        let arbiter_failure = arbiter.failure();
+        self.leadership.lead(arbiter.start());
+        tracing::info!(
+            epoch,
+            url = %self.url,
+            took_ms = started.elapsed().as_millis() as u64,
+            "agora arbiter leads"
+        );
+        Ok(Held {
+            lock,
+            arbiter_failure,
+        })
+    }
+
+    /// Holds the lock until [`Running::stop`]; reports the arbiter's failure or the lock's
+    /// loss (after which the fencing epoch refuses every write this arbiter tries).
+    async fn keep_leading(self, mut held: Held) {
+        let reason = tokio::select! {
+            reason = held.lock.lost() => reason,
+            reason = &mut held.arbiter_failure => match reason {
+                Ok(reason) => reason,
+                Err(_) => std::future::pending().await,
+            },
+        };
+        let _ = self.failed.send(reason);
+        // The lock goes when the service stops, after the arbiter wrote what it could.
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The GPUs: the simulated fleet (recorded in the database) or the registered hosts.
+async fn load_cluster(config: &ServerConfig, store: &Store) -> anyhow::Result<Cluster> {
+    match config.gpus {
+        GpuSource::Simulated => {
+            let context = "the simulated fleet (`fleet` in the config, or AGORA_FLEET)";
+            let text = std::fs::read_to_string(&config.fleet)
+                .map_err(|source| ClusterFileError::Io {
+                    path: config.fleet.clone(),
+                    source,
+                })
+                .context(context)?;
+            let cluster = parse_cluster(&text, &config.fleet).context(context)?;
+            store.sync_fleet(&cluster).await?;
+            Ok(cluster)
+        }
+        GpuSource::Workers => worker_cluster(&store.worker_gpus().await?),
+    }
 }
 
 /// Enforces the auditors' statement timeout: a few times per `limit`, cancels their

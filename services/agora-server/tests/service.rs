@@ -7,6 +7,7 @@ use std::time::Duration;
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, ClusterSpec};
 use agora_server::audit::replay_round;
+use agora_server::leadership::LeaderLock;
 use agora_server::store::{AppEvent, Commit, EventPayload, LeaseEndedEvent, Store, Writer};
 use serde_json::{json, Value};
 use support::{active, config, fresh_database, serve, start_clock, ADMIN};
@@ -748,9 +749,12 @@ async fn many_databases_of_one_cluster_migrate_at_once() {
 /// A flush answers once everything queued before it is done.
 #[actix_web::test]
 async fn after_a_failed_decision_the_writer_writes_nothing_later() {
-    let store = Store::connect(&fresh_database().await)
-        .await
-        .expect("database");
+    let database = fresh_database().await;
+    let store = Store::connect(&database).await.expect("database");
+    // Writes as the leader does: holding the lock, under the epoch it claimed.
+    let mut lock = LeaderLock::connect(&database).await.expect("lock");
+    assert!(lock.try_acquire().await.expect("lock"));
+    store.lead(lock.claim("http://writer.test").await.expect("epoch"));
     let cluster = Cluster::from_spec(&ClusterSpec::uniform(1, 1, 1, 1)).expect("cluster");
     store.sync_fleet(&cluster).await.expect("fleet");
     let gpu = cluster.gpus().next().expect("one GPU").1.id.0.clone();

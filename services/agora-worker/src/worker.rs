@@ -7,7 +7,12 @@
 //! registers again. Between heartbeats it ticks lease enforcement every
 //! [`ENFORCEMENT_TICK`]. Commands keep being enforced while the arbiter is unreachable: the
 //! leases it last listed end on their own schedule.
+//!
+//! Given several arbiters of one database (`--arbiter` URLs, comma-separated), the worker
+//! talks to the leader: a standby's 503 `not_leader` names it, and an arbiter that does not
+//! answer is left for the next; the exchange is retried as any other failed one.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
@@ -33,7 +38,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Everything a worker needs.
 pub struct WorkerConfig {
-    /// The arbiter's base URL, e.g. `http://arbiter.example:8080`.
+    /// The arbiter's base URL, e.g. `http://arbiter.example:8080`, or several arbiters' of one
+    /// database, comma-separated.
     pub arbiter: String,
     /// The worker token (`Authorization: Bearer`).
     pub token: String,
@@ -106,6 +112,9 @@ pub struct Worker {
     sequence: u64,
     /// The interval the arbiter last asked for.
     arbiter_interval: Duration,
+    /// The arbiters' base URLs, and the one tried first: the leader, as far as known.
+    arbiters: Vec<String>,
+    leader: Cell<usize>,
     client: awc::Client,
 }
 
@@ -114,6 +123,11 @@ impl Worker {
     pub fn new(mut config: WorkerConfig) -> Result<Self, WorkerError> {
         let topology = discover(config.backend.as_mut())?;
         let gpus = topology.devices.len();
+        let arbiters = config
+            .arbiter
+            .split(',')
+            .map(|url| url.trim().trim_end_matches('/').to_owned())
+            .collect();
         Ok(Self {
             config,
             topology,
@@ -123,6 +137,8 @@ impl Worker {
             leases: Vec::new(),
             sequence: 0,
             arbiter_interval: Duration::from_secs(5),
+            arbiters,
+            leader: Cell::new(0),
             client: awc::Client::builder().timeout(REQUEST_TIMEOUT).finish(),
         })
     }
@@ -276,14 +292,17 @@ impl Worker {
         path: &str,
         body: &impl Serialize,
     ) -> Result<T, Exchange> {
-        let url = format!("{}{path}", self.config.arbiter.trim_end_matches('/'));
+        let url = format!("{}{path}", self.arbiters[self.leader.get()]);
         let mut response = self
             .client
             .post(&url)
             .bearer_auth(&self.config.token)
             .send_json(body)
             .await
-            .map_err(|error| Exchange::Retry(format!("POST {url}: {error}")))?;
+            .map_err(|error| {
+                self.follow(None);
+                Exchange::Retry(format!("POST {url}: {error}"))
+            })?;
         let status = response.status().as_u16();
         let bytes =
             response.body().limit(16 << 20).await.map_err(|error| {
@@ -293,6 +312,12 @@ impl Worker {
             200..=299 => serde_json::from_slice(&bytes)
                 .map_err(|error| Exchange::Retry(format!("POST {url}: unexpected reply: {error}"))),
             404 => Err(Exchange::UnknownHost),
+            503 if not_leader(&bytes).is_some() => {
+                self.follow(not_leader(&bytes).flatten().as_deref());
+                Err(Exchange::Retry(format!(
+                    "POST {url}: a standby, not the leader"
+                )))
+            }
             408 | 429 | 500..=599 => Err(Exchange::Retry(format!(
                 "POST {url}: HTTP {status}: {}",
                 String::from_utf8_lossy(&bytes)
@@ -308,6 +333,14 @@ impl Worker {
                 },
             })),
         }
+    }
+
+    /// Tries `leader` next when it is one of the arbiters, else the next arbiter.
+    fn follow(&self, leader: Option<&str>) {
+        let next = leader
+            .and_then(|leader| self.arbiters.iter().position(|url| url == leader))
+            .unwrap_or((self.leader.get() + 1) % self.arbiters.len());
+        self.leader.set(next);
     }
 
     /// Ticks enforcement for `wait`; false if `shutdown` completed meanwhile.
@@ -350,9 +383,27 @@ fn backoff(failures: u32) -> Duration {
         .min(LAST_RETRY)
 }
 
+/// For a standby's `not_leader` answer, the leader it names (if it knows one).
+fn not_leader(problem: &[u8]) -> Option<Option<String>> {
+    let problem: serde_json::Value = serde_json::from_slice(problem).ok()?;
+    (problem["code"] == "not_leader").then(|| problem["leader"].as_str().map(str::to_owned))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_standbys_answer_names_the_leader_to_follow() {
+        let named = br#"{"code": "not_leader", "leader": "http://arbiter-2:8080"}"#;
+        assert_eq!(
+            not_leader(named),
+            Some(Some("http://arbiter-2:8080".to_owned()))
+        );
+        assert_eq!(not_leader(br#"{"code": "not_leader"}"#), Some(None));
+        assert_eq!(not_leader(br#"{"code": "store_unavailable"}"#), None);
+        assert_eq!(not_leader(b"Service Unavailable"), None);
+    }
 
     #[test]
     fn registration_retries_back_off_to_half_a_minute() {

@@ -208,6 +208,21 @@ def may_retry_status(status: int) -> bool:
     return status in RETRYABLE_STATUSES
 
 
+def leader_of(status: int, text: str) -> str | None:
+    """The leader a standby arbiter names in its 503 `not_leader` answer, where the request
+    goes next (several arbiters sharing a database: docs/deploy.md, "High availability")."""
+    if status != 503:
+        return None
+    try:
+        problem = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(problem, dict) or problem.get("code") != "not_leader":
+        return None
+    leader = problem.get("leader")
+    return leader if isinstance(leader, str) else None
+
+
 def may_retry_failure(call: Call[Any], sent: bool) -> bool:
     """A transport failure is retried when the request never left (`sent` False) or is safe to
     send again."""

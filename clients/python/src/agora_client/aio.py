@@ -63,6 +63,10 @@ class AsyncClient:
                 await asyncio.sleep(delay)
                 continue
             if _api.may_retry_status(response.status_code):
+                leader = _api.leader_of(response.status_code, response.text)
+                if leader is not None:
+                    # A standby: this and later requests go to the leader it names.
+                    self._http.base_url = leader
                 delay = next(delays, None)
                 if delay is not None:
                     await asyncio.sleep(delay)

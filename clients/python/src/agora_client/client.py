@@ -25,7 +25,8 @@ class Client:
 
     Every refusal raises a subclass of `agora_client.ApiError` carrying the arbiter's code and
     message. Requests the arbiter could not take (503, a dropped connection) are retried per
-    `retry`; bids are sent with one Idempotency-Key for all their attempts.
+    `retry`; bids are sent with one Idempotency-Key for all their attempts. A standby arbiter's
+    503 `not_leader` names the leader, and the client then sends to the leader instead.
     """
 
     def __init__(
@@ -72,6 +73,10 @@ class Client:
                 time.sleep(delay)
                 continue
             if _api.may_retry_status(response.status_code):
+                leader = _api.leader_of(response.status_code, response.text)
+                if leader is not None:
+                    # A standby: this and later requests go to the leader it names.
+                    self._http.base_url = leader
                 delay = next(delays, None)
                 if delay is not None:
                     time.sleep(delay)

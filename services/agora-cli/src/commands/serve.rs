@@ -12,8 +12,8 @@ use clap::Args;
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// TOML settings (every setting has a default; DATABASE_URL, AGORA_LISTEN,
-    /// AGORA_ADMIN_TOKEN, AGORA_ADMIN_TOKEN_FILE, AGORA_FLEET, AGORA_LEASE_SECONDS, AGORA_GPUS and AGORA_WORKER_TOKEN
-    /// override the file).
+    /// AGORA_ADVERTISE_URL, AGORA_ADMIN_TOKEN, AGORA_ADMIN_TOKEN_FILE, AGORA_FLEET,
+    /// AGORA_LEASE_SECONDS, AGORA_GPUS and AGORA_WORKER_TOKEN override the file).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Also run a living demo: synthetic HPO apps from four tenants keep arriving and bid
@@ -61,7 +61,8 @@ impl ServeArgs {
                     running.stop().await;
                     anyhow::bail!(
                         "the arbiter stopped: {reason}. Check Postgres, then start `agora serve` \
-                         again: it restores its state from the database"
+                         again: it restores its state from the database (or stands by, if \
+                         another arbiter of the database leads)"
                     );
                 }
             }

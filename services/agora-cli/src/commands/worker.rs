@@ -17,7 +17,8 @@ pub struct WorkerArgs {
     /// needed).
     #[arg(long)]
     discover: bool,
-    /// The arbiter's URL.
+    /// The arbiter's URL, or several arbiters' of one database, comma-separated (the worker
+    /// follows the leader).
     #[arg(long, env = "AGORA_ARBITER", default_value = "http://127.0.0.1:8080")]
     arbiter: String,
     /// The worker token the arbiter's operator issued.

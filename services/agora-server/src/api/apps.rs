@@ -77,7 +77,8 @@ pub async fn register_app(
         )
     })?;
     let id = state
-        .arbiter
+        .arbiter()
+        .await?
         .send(RegisterApp {
             tenant,
             name: body.name,
@@ -134,7 +135,8 @@ pub async fn report_progress(
 ) -> Result<HttpResponse, ApiError> {
     owned_app(&state, caller, *app).await?;
     let ack = state
-        .arbiter
+        .arbiter()
+        .await?
         .send(ReportProgress {
             tenant: caller.tenant(),
             app: *app,
@@ -156,7 +158,8 @@ pub async fn finish_app(
 ) -> Result<HttpResponse, ApiError> {
     owned_app(&state, caller, *app).await?;
     state
-        .arbiter
+        .arbiter()
+        .await?
         .send(FinishApp {
             tenant: caller.tenant(),
             app: *app,
@@ -197,7 +200,8 @@ pub async fn rho(
     owned_app(&state, caller, *app).await?;
     let body = body.into_inner();
     let view = state
-        .arbiter
+        .arbiter()
+        .await?
         .send(RhoOf {
             tenant: caller.tenant(),
             app: *app,
@@ -258,7 +262,8 @@ pub async fn why(
     let now = match row.finished_at {
         Some(_) => None,
         None => state
-            .arbiter
+            .arbiter()
+            .await?
             .send(StandingOf {
                 tenant: caller.tenant(),
                 app: row.id,

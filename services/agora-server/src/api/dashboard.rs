@@ -292,6 +292,8 @@ pub async fn round_events(
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let last_event_id = super::last_event_id(&request)?;
+    // Only the leader's notices tell a follower of new rounds.
+    state.require_leader().await?;
     let follower = RoundFollower {
         store: state.store.clone(),
         notices: state.notices.subscribe_all(),

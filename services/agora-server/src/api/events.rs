@@ -40,6 +40,8 @@ pub async fn stream(
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
+    // Only the leader's notices tell a follower of new events.
+    state.require_leader().await?;
     let last_event_id = super::last_event_id(&request)?;
     let after = last_event_id.or(query.after).unwrap_or(0);
     let follower = Follower {
@@ -86,6 +88,8 @@ pub async fn poll(
     query: web::Query<PollQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
+    // Only the leader's notices tell a follower of new events.
+    state.require_leader().await?;
     let after = query.after.unwrap_or(0);
     let timeout_ms = match query.timeout_ms {
         None => 25_000,

@@ -158,7 +158,8 @@ pub async fn submit_bid(
         })
         .transpose()?;
     let ack = state
-        .arbiter
+        .arbiter()
+        .await?
         .send(SubmitBid {
             tenant: caller.tenant(),
             round: *round,
@@ -206,7 +207,8 @@ pub async fn current_round(
     _caller: Caller,
 ) -> Result<HttpResponse, ApiError> {
     let current = state
-        .arbiter
+        .arbiter()
+        .await?
         .send(CurrentRoundOf)
         .await?
         .ok_or_else(|| ApiError::not_found("no round is collecting bids now"))?;
@@ -241,7 +243,8 @@ pub async fn release_lease(
     lease: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     state
-        .arbiter
+        .arbiter()
+        .await?
         .send(ReleaseLease {
             tenant: caller.tenant(),
             lease: *lease,
@@ -327,6 +330,6 @@ async fn set_service(
         healthy,
         span: tracing::Span::current(),
     };
-    let ack = state.arbiter.send(service).await??;
+    let ack = state.arbiter().await?.send(service).await??;
     Ok(HttpResponse::Ok().json(ack))
 }

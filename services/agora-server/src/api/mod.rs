@@ -17,14 +17,17 @@ use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 
 use actix::Addr;
-use actix_web::dev::Payload;
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
 use actix_web::error::{PathError, QueryPayloadError};
+use actix_web::middleware::Next;
 use actix_web::{web, FromRequest, HttpRequest, HttpResponse};
 use sha2::{Digest, Sha256};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::actors::arbiter::Arbiter;
+use crate::leadership::Leadership;
 use crate::notices::Notices;
 use crate::store::{AppRow, Store};
 use problem::ApiError;
@@ -35,7 +38,8 @@ pub use tokens::Tokens;
 #[derive(Debug, Clone)]
 pub struct ApiState {
     pub store: Store,
-    pub arbiter: Addr<Arbiter>,
+    /// The arbiter actor, while this arbiter leads.
+    pub leadership: Leadership,
     pub admin_token_sha256: Option<[u8; 32]>,
     /// The worker token GPU hosts present; `None` with a simulated fleet (no hosts).
     pub worker_token_sha256: Option<[u8; 32]>,
@@ -47,6 +51,51 @@ pub struct ApiState {
     pub tokens: Arc<Tokens>,
     /// The service's clock: "now" for the history's ranges.
     pub clock: Arc<dyn crate::clock::Clock>,
+}
+
+impl ApiState {
+    /// The arbiter actor; on a standby, 503 `not_leader` naming the leader.
+    async fn arbiter(&self) -> Result<Addr<Arbiter>, ApiError> {
+        match self.leadership.arbiter() {
+            Some(arbiter) => Ok(arbiter),
+            None => Err(self.not_leader().await),
+        }
+    }
+
+    /// For what only the leader knows live (its notices of new events): 503 `not_leader` on
+    /// a standby.
+    async fn require_leader(&self) -> Result<(), ApiError> {
+        self.arbiter().await.map(drop)
+    }
+
+    /// The answer a standby gives: where the leader is, as it recorded itself.
+    async fn not_leader(&self) -> ApiError {
+        let leader = self.store.leader_url().await.unwrap_or_else(|error| {
+            tracing::warn!(%error, "cannot read the leader's URL");
+            None
+        });
+        ApiError::not_leader(leader)
+    }
+}
+
+/// On a standby, answers every request that may write (any method but GET and HEAD) with 503
+/// `not_leader` naming the leader, before it reaches a handler: only the leader writes.
+pub async fn turn_writes_away(
+    request: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    let reads = matches!(request.method().as_str(), "GET" | "HEAD");
+    let standby = request
+        .app_data::<web::Data<ApiState>>()
+        .filter(|state| !reads && state.leadership.arbiter().is_none())
+        .cloned();
+    match standby {
+        Some(state) => {
+            let answer = actix_web::ResponseError::error_response(&state.not_leader().await);
+            Ok(request.into_response(answer).map_into_right_body())
+        }
+        None => Ok(next.call(request).await?.map_into_left_body()),
+    }
 }
 
 /// App owners already looked up, so that a busy framework's requests do not each cost an app
@@ -313,7 +362,8 @@ impl Modify for BearerAuth {
 }
 
 /// Completes every operation's answers with the problems any request of its shape can get
-/// (401 without a valid token and 503 while the database or the arbiter is away, everywhere;
+/// (401 without a valid token and 503 while the database or the arbiter is away or on a
+/// standby, everywhere;
 /// 400 with query parameters, headers or a body; 404 with a path parameter; 413 and 422 with
 /// a body), and gives every error answer its media type, `application/problem+json`, with
 /// the `Problem` schema.
@@ -345,7 +395,8 @@ impl Modify for ProblemAnswers {
                     ("401", "no token, or one this endpoint does not take"),
                     (
                         "503",
-                        "the database or the arbiter is unavailable; retry shortly",
+                        "the database or the arbiter is unavailable, or this arbiter is a \
+                         standby (`not_leader`, naming the leader); retry after `Retry-After`",
                     ),
                 ];
                 if takes_query || takes_body {

@@ -97,6 +97,9 @@ error_codes! {
     ArbiterUnavailable = "arbiter_unavailable", [503];
     /// The arbiter could not complete the request; retry shortly.
     ArbiterFailure = "arbiter_failure", [503];
+    /// This arbiter is a standby: send the request to the leader (`leader`), after
+    /// `Retry-After` seconds when it names none yet.
+    NotLeader = "not_leader", [503];
     /// The metrics could not be gathered.
     MetricsUnavailable = "metrics_unavailable", [500];
 }
@@ -121,6 +124,10 @@ pub struct Problem {
     pub detail: String,
     /// Stable machine-readable code.
     pub code: ErrorCode,
+    /// With `not_leader` only: the leader's URL (its `advertise_url`), where to send the
+    /// request instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -129,6 +136,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: ErrorCode,
     pub detail: String,
+    /// The leader's URL, for `not_leader`.
+    pub leader: Option<String>,
 }
 
 impl ApiError {
@@ -141,6 +150,7 @@ impl ApiError {
             status,
             code,
             detail: detail.into(),
+            leader: None,
         }
     }
 
@@ -166,6 +176,22 @@ impl ApiError {
         Self::of(ErrorCode::NotFound, what)
     }
 
+    /// A standby's answer to what only the leader does, naming the leader when one is known.
+    pub fn not_leader(leader: Option<String>) -> Self {
+        let detail = match &leader {
+            Some(url) => {
+                format!("this arbiter is a standby; send the request to the leader at {url}")
+            }
+            None => {
+                "this arbiter is a standby and no leader is known yet; retry shortly".to_owned()
+            }
+        };
+        Self {
+            leader,
+            ..Self::of(ErrorCode::NotLeader, detail)
+        }
+    }
+
     pub fn bad_request(code: ErrorCode, detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, detail)
     }
@@ -187,8 +213,14 @@ impl ResponseError for ApiError {
             status: self.status.as_u16(),
             detail: self.detail.clone(),
             code: self.code,
+            leader: self.leader.clone(),
         };
-        HttpResponse::build(self.status)
+        let mut answer = HttpResponse::build(self.status);
+        if self.code == ErrorCode::NotLeader {
+            // A takeover takes about a second: long enough for a standby to become the leader.
+            answer.insert_header(("Retry-After", "1"));
+        }
+        answer
             .content_type("application/problem+json")
             .json(problem)
     }

@@ -73,7 +73,11 @@ pub async fn register(
     let registration = body.into_inner();
     check_registration(&registration)
         .map_err(|reason| ApiError::unprocessable(ErrorCode::InvalidRegistration, reason))?;
-    let registered = state.arbiter.send(RegisterHost { registration }).await??;
+    let registered = state
+        .arbiter()
+        .await?
+        .send(RegisterHost { registration })
+        .await??;
     Ok(HttpResponse::Ok().json(registered))
 }
 
@@ -108,7 +112,8 @@ pub async fn heartbeat(
     body: Body<Heartbeat>,
 ) -> Result<HttpResponse, ApiError> {
     let reply = state
-        .arbiter
+        .arbiter()
+        .await?
         .send(HostHeartbeat {
             host: host.into_inner(),
             heartbeat: body.into_inner(),

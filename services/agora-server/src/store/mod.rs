@@ -22,9 +22,12 @@ pub use workers::*;
 pub use writer::*;
 pub use writes::*;
 
+use std::str::FromStr as _;
+use std::sync::{Arc, OnceLock};
+
 use agora_market::app::AppId;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres, Transaction};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -48,6 +51,13 @@ pub enum StoreError {
     WriterStopped,
     #[error("stored data is not valid: {0}")]
     Corrupt(String),
+    #[error("this arbiter is a standby: only the leader writes")]
+    NotLeader,
+    #[error(
+        "another arbiter has taken over (fencing epoch {current}; this one led epoch {mine}); \
+         nothing was written. This arbiter stops: start it again to rejoin as a standby"
+    )]
+    Fenced { mine: i64, current: i64 },
 }
 
 impl StoreError {
@@ -69,10 +79,35 @@ impl StoreError {
     }
 }
 
+/// How every connection of an arbiter connects. A session left in a transaction by an arbiter
+/// that stalled, or gone silent with its network, would hold the `leadership` row (or the
+/// leader's lock) and keep a successor from taking over: Postgres ends the first after 3 s (the
+/// writer never idles inside a transaction) and, with these TCP keepalives, the second within
+/// about 3 s instead of the system's two hours.
+pub(crate) fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
+    let options = PgConnectOptions::from_str(url).map_err(|source| connect_error(url, source))?;
+    Ok(options.options([
+        ("idle_in_transaction_session_timeout", "3s"),
+        ("tcp_keepalives_idle", "1"),
+        ("tcp_keepalives_interval", "1"),
+        ("tcp_keepalives_count", "2"),
+    ]))
+}
+
+pub(crate) fn connect_error(url: &str, source: sqlx::Error) -> StoreError {
+    StoreError::Connect {
+        url: redact_password(url),
+        source,
+    }
+}
+
 /// The database handle shared by the arbiter and the HTTP handlers.
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: PgPool,
+    /// The fencing epoch this arbiter leads with (`leadership.epoch`); unset on a standby.
+    /// Shared by every clone: one process leads at most once.
+    epoch: Arc<OnceLock<i64>>,
 }
 
 impl Store {
@@ -86,19 +121,41 @@ impl Store {
     /// Connects to a database the service has set up, changing nothing: for readers such as
     /// `agora audit replay`, which an auditor runs with `SELECT` rights only.
     pub async fn connect_without_migrating(url: &str) -> Result<Self, StoreError> {
+        let options = connect_options(url)?;
         let pool = PgPoolOptions::new()
             .max_connections(16)
-            .connect(url)
+            .connect_with(options)
             .await
-            .map_err(|source| StoreError::Connect {
-                url: redact_password(url),
-                source,
-            })?;
-        Ok(Self { pool })
+            .map_err(|source| connect_error(url, source))?;
+        Ok(Self {
+            pool,
+            epoch: Arc::default(),
+        })
     }
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// From now on this store writes as the leader of fencing epoch `epoch`. A process leads
+    /// at most once (it stops when it loses the lead), so a second call changes nothing.
+    pub fn lead(&self, epoch: i64) {
+        let _ = self.epoch.set(epoch);
+    }
+
+    /// A transaction that may write: it holds `leadership`'s row FOR SHARE and goes on only
+    /// while the epoch is still this arbiter's, so an arbiter that lost the lead writes
+    /// nothing, and a successor's takeover waits for it to end.
+    pub async fn begin_write(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
+        let mine = *self.epoch.get().ok_or(StoreError::NotLeader)?;
+        let mut tx = self.pool.begin().await?;
+        let current = sqlx::query_scalar!("SELECT epoch FROM leadership FOR SHARE")
+            .fetch_one(&mut *tx)
+            .await?;
+        if current != mine {
+            return Err(StoreError::Fenced { mine, current });
+        }
+        Ok(tx)
     }
 }
 

@@ -716,6 +716,13 @@ impl Store {
         )
     }
 
+    /// The URL of the arbiter that leads now (or led last), as it advertised itself.
+    pub async fn leader_url(&self) -> Result<Option<String>, StoreError> {
+        Ok(sqlx::query_scalar!("SELECT leader_url FROM leadership")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
     /// The next unused round and lease ids.
     pub async fn next_ids(&self) -> Result<(i64, i64), StoreError> {
         let row = sqlx::query!(

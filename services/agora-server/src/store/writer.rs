@@ -226,7 +226,7 @@ async fn write_in_order(
     pending: &mut std::iter::Peekable<std::vec::IntoIter<Job>>,
     taken: &mut Vec<Taken>,
 ) -> Result<(), StoreError> {
-    let mut tx = store.pool.begin().await?;
+    let mut tx = store.begin_write().await?;
     while let Some(job) = pending.next() {
         match job {
             Job::Bid(bid, reply) => {

@@ -212,7 +212,7 @@ pub struct Commit {
 
 impl Store {
     pub async fn create_tenant(&self, name: &str, token_sha256: &[u8]) -> Result<i64, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         let id = sqlx::query_scalar!("INSERT INTO tenants (name) VALUES ($1) RETURNING id", name)
             .fetch_one(&mut *tx)
             .await?;
@@ -229,7 +229,7 @@ impl Store {
 
     /// Inserts an app and its jobs; returns its id.
     pub async fn insert_app(&self, app: &NewApp<'_>) -> Result<i64, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         let id = sqlx::query_scalar!(
             "INSERT INTO apps (tenant_id, name, kind, bidding, state, arrived_at, enforcement,
                                cluster_seconds)
@@ -267,7 +267,7 @@ impl Store {
 
     /// Records the simulated fleet's machines and GPUs (idempotent; health is kept).
     pub async fn sync_fleet(&self, cluster: &Cluster) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         for (_, gpu) in cluster.gpus() {
             let machine = gpu.location.machine as i32;
             sqlx::query!(
