@@ -267,14 +267,21 @@ def test_a_standby_sends_the_client_to_the_leader_it_names() -> None:
     def arbiters(request: httpx.Request) -> httpx.Response:
         sent.append(str(request.url))
         if request.url.host == "standby":
-            problem = {"type": "/problems/not_leader", "title": "Service Unavailable", "status": 503,
-                       "detail": "this arbiter is a standby; send the request to the leader at http://leader:8080",
-                       "code": "not_leader", "leader": "http://leader:8080"}
+            problem = {
+                "type": "/problems/not_leader",
+                "title": "Service Unavailable",
+                "status": 503,
+                "detail": "this arbiter is a standby; send the request to the leader at http://leader:8080",
+                "code": "not_leader",
+                "leader": "http://leader:8080",
+            }
             return httpx.Response(503, headers={"Retry-After": "1"}, json=problem)
         return httpx.Response(200, json=[])
 
     transport = httpx.MockTransport(arbiters)
-    with Client("http://standby:8080", "token", transport=transport, retry=RetryPolicy(attempts=2, base_delay=0)) as agora:
+    with Client(
+        "http://standby:8080", "token", transport=transport, retry=RetryPolicy(attempts=2, base_delay=0)
+    ) as agora:
         assert agora.list_apps() == []
         assert agora.list_apps() == []
     assert sent == ["http://standby:8080/v1/apps", "http://leader:8080/v1/apps", "http://leader:8080/v1/apps"]

@@ -44,15 +44,7 @@ async fn two_tenant_market() -> Market {
         .collect();
     let bid = json!({ "app": tuner, "rho_old": offer["rho"],
                       "bids": [{ "gpus": [gpus[0]], "rho": 2.5 }, { "gpus": gpus, "rho": 1.5 }] });
-    let (status, body) = service
-        .call(
-            "POST",
-            &format!("/v1/rounds/{round}/bids"),
-            &vision,
-            Some(bid),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    service.bid(&vision, round, bid).await;
     service
         .wait_for_leases(&vision, tuner, |leases| active(leases).len() == 1)
         .await;

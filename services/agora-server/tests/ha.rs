@@ -45,15 +45,7 @@ async fn a_standby_serves_reads_turns_writes_away_and_takes_over_every_lease_and
     let gpu = offer["gpus"][0]["id"].clone();
     let bid = json!({ "app": bidder, "rho_old": offer["rho"],
                       "bids": [{ "gpus": [gpu], "rho": 1.5 }] });
-    let (status, ack) = leader
-        .call(
-            "POST",
-            &format!("/v1/rounds/{round}/bids"),
-            &vision,
-            Some(bid),
-        )
-        .await;
-    assert_eq!(status, 201, "{ack}");
+    leader.bid(&vision, round, bid).await;
 
     // The standby reads from the database...
     let (status, leases) = standby

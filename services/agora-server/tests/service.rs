@@ -546,15 +546,9 @@ async fn a_restart_keeps_leases_history_and_acknowledged_bids() {
         .await;
     let offer = service.wait_for(&vision, bidder, "offer").await;
     let round = offer["round"].as_i64().expect("round");
-    let (status, ack) = service
-        .call(
-            "POST",
-            &format!("/v1/rounds/{round}/bids"),
-            &vision,
-            Some(bid_for(bidder, &offer, 1)),
-        )
+    service
+        .bid(&vision, round, bid_for(bidder, &offer, 1))
         .await;
-    assert_eq!(status, 201, "{ack}");
     service.running.stop().await;
 
     let restarted = serve(&settings, clock).await;
@@ -816,15 +810,7 @@ async fn turns_of_a_contested_market(service: &support::Service, turns: &[Turn])
         .await;
     let first = service.wait_for(&vision, tuner, "offer").await;
     let mut round = first["round"].as_i64().expect("round");
-    let (status, body) = service
-        .call(
-            "POST",
-            &format!("/v1/rounds/{round}/bids"),
-            &vision,
-            Some(bid_for(tuner, &first, 4)),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    service.bid(&vision, round, bid_for(tuner, &first, 4)).await;
     service
         .wait_for_leases(&vision, tuner, |leases| active(leases).len() == 1)
         .await;

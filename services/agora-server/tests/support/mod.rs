@@ -180,6 +180,14 @@ impl Service {
         body["id"].as_i64().expect("id")
     }
 
+    /// Posts `bid` in `round`, which must be acknowledged (201); returns the acknowledgement.
+    pub async fn bid(&self, token: &str, round: i64, bid: Value) -> Value {
+        let path = format!("/v1/rounds/{round}/bids");
+        let (status, ack) = self.call("POST", &path, token, Some(bid)).await;
+        assert_eq!(status, 201, "{ack}");
+        ack
+    }
+
     /// The app's events after `after`, waiting up to 5 s for the first.
     pub async fn events(&self, token: &str, app: i64, after: i64) -> Vec<Value> {
         let path = format!("/v1/apps/{app}/events/poll?after={after}&timeout_ms=5000");
