@@ -260,7 +260,7 @@ impl Arbiter {
 
     /// Answers `value` once `durable` resolves and tells whom the commit concerns; a refused
     /// commit halts the state machine.
-    fn when_durable<T: 'static>(
+    pub(super) fn when_durable<T: 'static>(
         &self,
         durable: impl Future<Output = Result<Commit, StoreError>> + 'static,
         value: T,

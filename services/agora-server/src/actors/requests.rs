@@ -66,8 +66,9 @@ impl Handler<RegisterApp> for Arbiter {
 }
 
 impl Arbiter {
-    /// Checks the app, then has the writer store it like any other write; the app joins the
-    /// market once it is durable (its id is the database's). The mailbox goes on meanwhile.
+    /// Checks the app, then has the writer store it like any other write; once it is durable
+    /// (its id is the database's) the app joins the market, and the answer comes once its
+    /// arrival is durable too. The mailbox goes on meanwhile.
     fn register(&mut self, request: RegisterApp) -> Reply<i64> {
         if request.name.trim().is_empty() || request.name.chars().count() > 200 {
             return refuse(ArbiterError::InvalidApp(
@@ -109,40 +110,53 @@ impl Arbiter {
             Err(error) => return refuse(error),
         };
         let persisted = stored.instrument(tracing::info_span!("persistence"));
-        Box::pin(persisted.into_actor(self).map(move |stored, arbiter, ctx| {
-            let id = match stored? {
-                AppInsert::Stored(id) => id,
-                AppInsert::DuplicateName => {
-                    return Err(ArbiterError::DuplicateAppName(request.name));
-                }
-            };
-            // The agent first: the round the arrival opens asks it for a bid.
-            arbiter.join(
-                app_id(id),
-                request.tenant,
-                request.bidding,
-                request.enforcement,
-                ctx,
-            );
-            let registered = Event::AppRegistered {
-                app: App {
-                    id: app_id(id),
-                    kind: request.kind,
-                },
-                bidding: request.bidding,
-                arrived_at: now,
-                cluster_seconds,
-            };
-            let began = std::time::Instant::now();
-            match arbiter.live.handle(arbiter.now(), registered) {
-                Ok(effects) => arbiter.carry_out(effects, began, ctx),
-                Err(error) => {
-                    arbiter.members.remove(&app_id(id));
-                    return Err(ArbiterError::Internal(error.to_string()));
-                }
-            }
-            Ok(id)
-        }))
+        Box::pin(
+            persisted
+                .into_actor(self)
+                .then(move |stored, arbiter, ctx| {
+                    let id = match stored {
+                        Ok(AppInsert::Stored(id)) => id,
+                        Ok(AppInsert::DuplicateName) => {
+                            return refuse(ArbiterError::DuplicateAppName(request.name));
+                        }
+                        Err(error) => return refuse(error.into()),
+                    };
+                    // The app arrives now, in the order of the arbiter's other decisions (others may
+                    // have come while it was stored), so that a restart replays its arrival exactly.
+                    let arrived_at = arbiter.now();
+                    let arrival = Commit {
+                        arrivals: vec![(id, arrived_at)],
+                        ..Commit::default()
+                    };
+                    let durable = arbiter.writer.commit(arrival, arrived_at);
+                    // The agent first: the round the arrival opens asks it for a bid.
+                    arbiter.join(
+                        app_id(id),
+                        request.tenant,
+                        request.bidding,
+                        request.enforcement,
+                        ctx,
+                    );
+                    let registered = Event::AppRegistered {
+                        app: App {
+                            id: app_id(id),
+                            kind: request.kind,
+                        },
+                        bidding: request.bidding,
+                        arrived_at,
+                        cluster_seconds,
+                    };
+                    let began = std::time::Instant::now();
+                    match arbiter.live.handle(arrived_at, registered) {
+                        Ok(effects) => arbiter.carry_out(effects, began, ctx),
+                        Err(error) => {
+                            arbiter.members.remove(&app_id(id));
+                            return refuse(ArbiterError::Internal(error.to_string()));
+                        }
+                    }
+                    arbiter.when_durable(durable, id)
+                }),
+        )
     }
 }
 

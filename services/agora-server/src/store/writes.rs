@@ -201,6 +201,9 @@ pub struct Commit {
     pub app_states: Vec<(i64, Value)>,
     pub progress: Vec<ProgressSample>,
     pub finished_apps: Vec<i64>,
+    /// Apps that joined the market, with the arrival it counts them from (their registration
+    /// was stored a moment before, with the time it was asked for).
+    pub arrivals: Vec<(i64, Timestamp)>,
     pub gpu_health: Vec<(String, bool)>,
     /// Drains and restores by an operator, audited in `operator_actions`.
     pub operator_actions: Vec<OperatorAction>,
@@ -377,6 +380,15 @@ pub(super) async fn write_commit(
         write_lease_event(tx, *lease, now, "revocation_notice", Some(reason)).await?;
     }
     write_app_changes(tx, commit, now).await?;
+    for &(app, arrived_at) in &commit.arrivals {
+        sqlx::query!(
+            "UPDATE apps SET arrived_at = $2 WHERE id = $1",
+            app,
+            to_datetime(arrived_at)
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
     for (gpu, healthy) in &commit.gpu_health {
         sqlx::query!("UPDATE gpus SET healthy = $2 WHERE id = $1", gpu, healthy)
             .execute(&mut **tx)
