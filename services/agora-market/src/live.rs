@@ -360,10 +360,6 @@ impl LiveMarket {
         &self.market
     }
 
-    pub fn settings(&self) -> &LiveSettings {
-        &self.settings
-    }
-
     /// The round collecting bids, if one is.
     pub fn open_round(&self) -> Option<&OpenRound> {
         match &self.phase {
