@@ -188,7 +188,7 @@ pub enum Event {
     /// A [`DecideJob`] finished, or failed for the reason given.
     Decided {
         round: RoundId,
-        decided: Result<DecidedRound, String>,
+        decided: Result<Box<DecidedRound>, String>,
     },
     /// The lease on `gpu` was given notice (its record queued): it is revoked when due.
     NoticeGiven { gpu: GpuIndex, notice: Notice },
@@ -208,7 +208,7 @@ pub enum Event {
 #[derive(Debug)]
 pub enum Effect {
     /// Write the record after everything queued before it; once durable, tell whom it concerns.
-    Record(Record),
+    Record(Box<Record>),
     /// Ask these apps' agents to bid on round `round`'s offer ([`Event::AgentBid`]).
     RequestBids {
         round: RoundId,
@@ -219,7 +219,7 @@ pub enum Effect {
     SetTimer { at: Timestamp, timer: Timer },
     /// Run the job off the arbiter's thread (the solver may take long) and feed back
     /// [`Event::Decided`].
-    Decide(DecideJob),
+    Decide(Box<DecideJob>),
     /// Stop: a record was refused; a restart restores the state from the database.
     Halt { reason: String },
 }
@@ -551,7 +551,7 @@ impl LiveMarket {
             Timer::LeaseEnd => {
                 let leases = self.market.expire_leases(now);
                 if !leases.is_empty() {
-                    effects.push(Effect::Record(Record::LeasesExpired { leases }));
+                    effects.push(Effect::Record(Box::new(Record::LeasesExpired { leases })));
                     self.open_round_if_idle(now, effects);
                 }
             }
@@ -587,13 +587,13 @@ impl LiveMarket {
         span.record("round", id);
         let seed = self.seeds.random::<u64>();
         let deadline = now.saturating_add(self.settings.round_deadline);
-        effects.push(Effect::Record(Record::RoundOpened {
+        effects.push(Effect::Record(Box::new(Record::RoundOpened {
             id,
             seed,
             deadline,
             offer: offer.clone(),
             span,
-        }));
+        })));
         effects.push(Effect::SetTimer {
             at: deadline,
             timer: Timer::RoundDeadline(id),
@@ -704,11 +704,11 @@ impl LiveMarket {
             id,
             agent_bids_used,
         };
-        effects.push(Effect::Decide(DecideJob {
+        effects.push(Effect::Decide(Box::new(DecideJob {
             round: id,
             snapshot: self.market.clone(),
             task: DecideTask::First { offer, bids, seed },
-        }));
+        })));
     }
 
     /// A decision came back. If an app it gives GPUs to left meanwhile, the round is decided
@@ -718,7 +718,7 @@ impl LiveMarket {
         &mut self,
         now: Timestamp,
         round: RoundId,
-        decided: Result<DecidedRound, String>,
+        decided: Result<Box<DecidedRound>, String>,
         effects: &mut Vec<Effect>,
     ) {
         if !matches!(&self.phase, Phase::Deciding { id, .. } if *id == round) {
@@ -730,11 +730,11 @@ impl LiveMarket {
                     round,
                     "an app left while the round was decided; deciding it again without it"
                 );
-                effects.push(Effect::Decide(DecideJob {
+                effects.push(Effect::Decide(Box::new(DecideJob {
                     round,
                     snapshot: self.market.clone(),
-                    task: DecideTask::Again(decided),
-                }));
+                    task: DecideTask::Again(*decided),
+                })));
                 return;
             }
             decided => decided,
@@ -754,28 +754,33 @@ impl LiveMarket {
         &mut self,
         now: Timestamp,
         id: RoundId,
-        decided: Result<DecidedRound, String>,
+        decided: Result<Box<DecidedRound>, String>,
         agent_bids_used: Vec<AppBid>,
         effects: &mut Vec<Effect>,
     ) {
         let mut next = self.market.clone();
-        let applied = decided
-            .and_then(|decided| next.apply_round(decided).map_err(|error| error.to_string()));
+        let applied = decided.and_then(|decided| {
+            next.apply_round(*decided)
+                .map_err(|error| error.to_string())
+        });
         match applied {
             Err(reason) => {
                 tracing::warn!(round = id, %reason, "round abandoned; a new one opens");
-                effects.push(Effect::Record(Record::RoundAbandoned { id, reason }));
+                effects.push(Effect::Record(Box::new(Record::RoundAbandoned {
+                    id,
+                    reason,
+                })));
                 self.open_round_if_idle(now, effects);
             }
             Ok(outcome) => {
                 self.market = next;
                 let ends: BTreeSet<Timestamp> =
                     outcome.leases.iter().map(|lease| lease.end).collect();
-                effects.push(Effect::Record(Record::RoundClosed {
+                effects.push(Effect::Record(Box::new(Record::RoundClosed {
                     id,
                     outcome,
                     agent_bids_used,
-                }));
+                })));
                 effects.extend(ends.into_iter().map(|at| Effect::SetTimer {
                     at,
                     timer: Timer::LeaseEnd,
@@ -807,11 +812,11 @@ impl LiveMarket {
         self.market.set_withdrawn(gpu, notice.withdrawal, true);
         let revoked = self.market.revoke_gpu(gpu, now);
         let freed = revoked.is_some();
-        effects.push(Effect::Record(Record::NoticeServed {
+        effects.push(Effect::Record(Box::new(Record::NoticeServed {
             gpu,
             notice,
             revoked,
-        }));
+        })));
         if freed {
             self.open_round_if_idle(now, effects);
         }
@@ -865,7 +870,7 @@ impl LiveMarket {
         }
         self.market = next;
         let freed = hosts.iter().any(|host| !host.revoked.is_empty());
-        effects.push(Effect::Record(Record::HostsDown { hosts }));
+        effects.push(Effect::Record(Box::new(Record::HostsDown { hosts })));
         if freed {
             self.open_round_if_idle(now, effects);
         }

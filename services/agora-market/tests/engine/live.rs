@@ -91,6 +91,9 @@ fn two_bidders(a: Bidding, b: Bidding) -> Shell {
     shell
 }
 
+/// A round's bid requests: the round, its offer, each bidder's inputs.
+type BidRequests = (RoundId, Arc<PreparedOffer>, Vec<(AppId, BidInputs)>);
+
 /// The shell, faked: it keeps the timers, the records and the jobs the state machine asks
 /// for, and moves time only when told.
 struct Shell {
@@ -99,8 +102,8 @@ struct Shell {
     timers: BTreeSet<(Timestamp, Timer)>,
     records: Vec<Record>,
     jobs: Vec<DecideJob>,
-    /// The latest bid requests: the round, its offer, each bidder's inputs.
-    requests: Vec<(RoundId, Arc<PreparedOffer>, Vec<(AppId, BidInputs)>)>,
+    /// The bid requests not answered yet.
+    requests: Vec<BidRequests>,
     halted: Option<String>,
 }
 
@@ -126,7 +129,7 @@ impl Shell {
     fn feed(&mut self, event: Event) -> Result<(), LiveError> {
         for effect in self.live.handle(self.now, event)? {
             match effect {
-                Effect::Record(record) => self.records.push(record),
+                Effect::Record(record) => self.records.push(*record),
                 Effect::RequestBids {
                     round,
                     offer,
@@ -135,7 +138,7 @@ impl Shell {
                 Effect::SetTimer { at, timer } => {
                     self.timers.insert((at, timer));
                 }
-                Effect::Decide(job) => self.jobs.push(job),
+                Effect::Decide(job) => self.jobs.push(*job),
                 Effect::Halt { reason } => self.halted = Some(reason),
             }
         }
@@ -191,7 +194,7 @@ impl Shell {
     fn decide(&mut self) {
         while let Some(job) = self.jobs.pop() {
             let round = job.round;
-            let decided = job.run().map_err(|error| error.to_string());
+            let decided = job.run().map(Box::new).map_err(|error| error.to_string());
             self.feed(Event::Decided { round, decided })
                 .expect("a decision");
         }
@@ -539,7 +542,7 @@ fn an_app_leaving_while_the_round_is_decided_gets_the_round_decided_again_withou
     assert_eq!(shell.jobs.len(), 1, "round 2 (for b) is being decided");
     shell.leave("b");
     let job = shell.jobs.pop().expect("a job");
-    let decided = job.run().map_err(|error| error.to_string());
+    let decided = job.run().map(Box::new).map_err(|error| error.to_string());
     shell
         .feed(Event::Decided { round: 2, decided })
         .expect("a decision");

@@ -198,7 +198,7 @@ impl Arbiter {
     ) {
         for effect in effects {
             match effect {
-                Effect::Record(record) => self.write(record, began, ctx),
+                Effect::Record(record) => self.write(*record, began, ctx),
                 Effect::RequestBids {
                     round,
                     offer,
@@ -362,7 +362,7 @@ impl Arbiter {
 
     /// Decides a round on a blocking thread (the solver may take long; meanwhile the mailbox
     /// goes on serving releases, progress and registrations) and feeds the decision back.
-    fn decide(&mut self, job: DecideJob, ctx: &mut Context<Self>) {
+    fn decide(&mut self, job: Box<DecideJob>, ctx: &mut Context<Self>) {
         let round = job.round;
         let trace = self.trace_of(round);
         trace.bids_collected();
@@ -372,7 +372,7 @@ impl Arbiter {
             actix_web::rt::task::spawn_blocking(move || solver_span.in_scope(|| job.run()));
         let settle = decided.into_actor(self).map(move |decided, arbiter, ctx| {
             let decided = match decided {
-                Ok(decided) => decided.map_err(|error| error.to_string()),
+                Ok(decided) => decided.map(Box::new).map_err(|error| error.to_string()),
                 Err(panic) => Err(format!("the auction failed: {panic}")),
             };
             let _round = round_span.enter();
