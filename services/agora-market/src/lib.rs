@@ -19,6 +19,7 @@ pub mod fairness;
 pub mod hosts;
 pub mod lease;
 pub mod leftover;
+pub mod live;
 pub mod market;
 pub mod policy;
 pub mod progress;

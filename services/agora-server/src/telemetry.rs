@@ -262,28 +262,36 @@ pub async fn trace_request(
 /// it, which agents' bids join.
 #[derive(Debug)]
 pub struct RoundTrace {
+    pub round: i64,
     pub span: Span,
-    collecting: Span,
+    /// Open until the round closes to bids.
+    collecting: Option<Span>,
     /// When the round began (its rho collection), for its duration.
     began: Instant,
 }
 
 impl RoundTrace {
-    pub fn collecting_bids(span: Span, began: Instant) -> Self {
+    pub fn collecting_bids(round: i64, span: Span, began: Instant) -> Self {
         let collecting = tracing::info_span!(parent: &span, "bid_collection");
         Self {
+            round,
             span,
-            collecting,
+            collecting: Some(collecting),
             began,
         }
     }
 
+    /// The bid collection's span while it lasts, then the round's.
     pub fn bid_collection(&self) -> &Span {
-        &self.collecting
+        self.collecting.as_ref().unwrap_or(&self.span)
     }
 
-    /// Ends the bid collection; returns when the round began.
-    pub fn bids_collected(self) -> Instant {
+    /// Ends the bid collection.
+    pub fn bids_collected(&mut self) {
+        self.collecting = None;
+    }
+
+    pub fn began(&self) -> Instant {
         self.began
     }
 }

@@ -1191,3 +1191,37 @@ async fn bad_input_is_a_precise_4xx_naming_the_field_and_never_database_text() {
     assert_eq!((tenants, apps), (1, 1), "nothing refused was stored");
     service.running.stop().await;
 }
+
+#[actix_web::test]
+async fn a_duplicate_app_name_is_refused_and_registrations_go_on_through_the_writer() {
+    let database = fresh_database().await;
+    let service = serve(&config(&database), start_clock()).await;
+    let vision = service.tenant("vision").await;
+    let speech = service.tenant("speech").await;
+    let tuner = service.register(&vision, "tuner", "agent", 1, 1_000).await;
+    let again = json!({ "name": "tuner", "bidding": "agent",
+                        "app": { "kind": "single_job", "job": { "id": "j", "total_iterations": 10,
+                                 "serial_iteration_time": 1.0, "max_gpus": 1 } } });
+    let (status, problem) = service.call("POST", "/v1/apps", &vision, Some(again)).await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (409, Some("duplicate_app_name")),
+        "{problem}"
+    );
+    // The refusal failed no write: another tenant takes the name, the tenant another name,
+    // and the first app's round goes on.
+    let theirs = service.register(&speech, "tuner", "agent", 1, 1_000).await;
+    let second = service
+        .register(&vision, "tuner-2", "agent", 1, 1_000)
+        .await;
+    assert!(tuner < theirs && theirs < second);
+    service
+        .wait_for_leases(&vision, tuner, |leases| active(leases).len() == 1)
+        .await;
+    let apps: i64 = sqlx::query_scalar("SELECT count(*) FROM apps")
+        .fetch_one(service.running.store.pool())
+        .await
+        .expect("count");
+    assert_eq!(apps, 3);
+    service.running.stop().await;
+}

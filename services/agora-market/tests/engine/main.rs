@@ -4,6 +4,7 @@ mod auction;
 mod baselines;
 mod bids;
 mod hosts;
+mod live;
 mod market;
 mod progress;
 mod replay;

@@ -9,33 +9,8 @@ use actix::prelude::*;
 use agora_market::app::AppId;
 use agora_market::auction::AppBid;
 use agora_market::bids::PreparedOffer;
+pub use agora_market::live::Bidding;
 use agora_market::market::BidInputs;
-
-/// How an app bids.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Bidding {
-    /// The agent bids for the app.
-    Agent,
-    /// The framework posts its bids; the agent's bid is a fallback.
-    Explicit,
-}
-
-impl Bidding {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Agent => "agent",
-            Self::Explicit => "explicit",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "agent" => Some(Self::Agent),
-            "explicit" => Some(Self::Explicit),
-            _ => None,
-        }
-    }
-}
 
 /// An offer to bid on, with the app's job information as the arbiter knows it now.
 #[derive(Debug, Message)]

@@ -1,14 +1,16 @@
-//! GPU hosts running `agora worker`: registrations, heartbeats and liveness as arbiter
-//! decisions. Each goes through the engine (`Market::register_host`, `host_down`, `host_up`,
-//! withdrawals), is committed to Postgres, and only then applied and told, like every other
-//! decision. A GPU reported unhealthy leaves service at once and its lease gets the same notice
-//! and grace as a drain; a host silent for two heartbeat intervals loses its leases at once (its
-//! worker can no longer enforce them); a host that returns puts its healthy GPUs back.
+//! GPU hosts running `agora worker`: registrations and heartbeats as arbiter decisions, and
+//! the GPU mirrors. Each goes through the engine (`Market::register_host`, `host_up`,
+//! withdrawals), staged on a copy of the market, is committed to Postgres, and only then told,
+//! like every other decision. A GPU reported unhealthy leaves service at once and its lease
+//! gets the same notice and grace as a drain; a host that returns puts its healthy GPUs back.
+//! A host silent for two heartbeat intervals is given up by the live state machine
+//! (`agora_market::live`), which these heartbeats keep informed.
 
 use std::collections::BTreeSet;
 
 use actix::prelude::*;
 use agora_market::hosts::{Host, HostGpu, HostSpec};
+use agora_market::live::{Event, Notice};
 use agora_market::market::{HostJoined, Market, Withdrawal};
 use agora_market::time::Timestamp;
 use agora_market::topology::{GpuId, GpuIndex};
@@ -16,9 +18,8 @@ use agora_protocol::{
     Enforcement, GpuHealth, Heartbeat, HeartbeatReply, HostLease, HostRegistration, Registered,
 };
 
-use super::arbiter::{Arbiter, Notice, Reply};
+use super::arbiter::{Arbiter, Reply, Staged};
 use super::gpu_worker::{GpuCommand, GpuWorker};
-use super::lease_manager::Timer;
 use super::records;
 use super::ArbiterError;
 use crate::clock::to_datetime;
@@ -96,7 +97,7 @@ impl Arbiter {
                 })
                 .collect(),
         };
-        let mut next = self.market.clone();
+        let mut next = self.market().clone();
         let joined = match next.register_host(&spec, now) {
             Ok(joined) => joined,
             Err(error) => return refuse(ArbiterError::InvalidRegistration(error.to_string())),
@@ -113,15 +114,15 @@ impl Arbiter {
         commit.workers.returns_capacity = true;
         let interval = self.settings.heartbeat_interval;
         let revocations = joined.revoked.len();
-        self.commit(commit, ctx, move |arbiter, _| {
-            arbiter.market = next;
+        self.commit(commit, Staged::market(next), ctx, move |arbiter, ctx| {
             metrics().leases_revoked(revocations);
             for &gpu in &joined.added {
                 debug_assert_eq!(gpu.get(), arbiter.gpus.len(), "GPUs are appended");
                 let mirror = arbiter.gpu_worker(gpu).start();
                 arbiter.gpus.push(mirror);
             }
-            arbiter.saw_host(&spec.name, now);
+            let host = spec.name.clone();
+            arbiter.feed(Event::HostSeen { host }, ctx);
             arbiter.mirror_service(&spec.name);
             tracing::info!(host = %spec.name, gpus = spec.gpus.len(), "GPU host registered");
             Registered {
@@ -147,22 +148,19 @@ impl Arbiter {
             recovered,
             reports,
         } = staged;
-        let (host, now) = (request.host, self.now());
-        self.commit(commit, ctx, move |arbiter, _| {
-            arbiter.market = next;
+        let host = request.host;
+        self.commit(commit, Staged::market(next), ctx, move |arbiter, ctx| {
             for (gpu, notice) in notices {
-                arbiter.remember_notice(gpu, notice);
+                arbiter.feed(Event::NoticeGiven { gpu, notice }, ctx);
             }
             for gpu in recovered {
-                let unhealthy = |notice: &Notice| notice.withdrawal == Withdrawal::Unhealthy;
-                if arbiter.draining.get(&gpu).is_some_and(unhealthy) {
-                    arbiter.draining.remove(&gpu);
-                }
+                let withdrawal = Withdrawal::Unhealthy;
+                arbiter.feed(Event::NoticeCancelled { gpu, withdrawal }, ctx);
             }
             for (gpu, report) in reports {
                 arbiter.gpus[gpu.get()].do_send(report);
             }
-            arbiter.saw_host(&host, now);
+            arbiter.feed(Event::HostSeen { host: host.clone() }, ctx);
             arbiter.mirror_service(&host);
             arbiter.host_leases(&host)
         })
@@ -173,14 +171,14 @@ impl Arbiter {
     /// turned unhealthy, and the report itself.
     fn stage_heartbeat(&self, request: &HostHeartbeat) -> Result<StagedHeartbeat, ArbiterError> {
         let host = self
-            .market
+            .market()
             .hosts()
             .get(&request.host)
             .ok_or_else(|| ArbiterError::UnknownHost(request.host.clone()))?;
-        let on_host: BTreeSet<GpuIndex> = self.market.host_gpus(&host.name).into_iter().collect();
+        let on_host: BTreeSet<GpuIndex> = self.market().host_gpus(&host.name).into_iter().collect();
         let machine = host.machine as i32;
         let mut staged = StagedHeartbeat {
-            next: self.market.clone(),
+            next: self.market().clone(),
             commit: Commit::default(),
             notices: Vec::new(),
             recovered: Vec::new(),
@@ -198,7 +196,7 @@ impl Arbiter {
         let mut metrics = Vec::new();
         for report in &request.heartbeat.gpus {
             let index = self
-                .market
+                .market()
                 .cluster()
                 .index_of(&GpuId(report.uuid.clone()))
                 .filter(|index| on_host.contains(index))
@@ -240,10 +238,10 @@ impl Arbiter {
             GpuHealth::Healthy => None,
             GpuHealth::Unhealthy { reason } => Some(reason),
         };
-        if why.is_some() == self.market.is_withdrawn_for(gpu, Withdrawal::Unhealthy) {
+        if why.is_some() == self.market().is_withdrawn_for(gpu, Withdrawal::Unhealthy) {
             return Ok(());
         }
-        let uuid = &self.market.cluster().gpu(gpu).id;
+        let uuid = &self.market().cluster().gpu(gpu).id;
         staged
             .next
             .set_withdrawn(gpu, Withdrawal::Unhealthy, why.is_some());
@@ -257,7 +255,7 @@ impl Arbiter {
                 staged.recovered.push(gpu);
                 staged.commit.workers.returns_capacity = true;
             }
-            Some(why) if self.market.leases().is_leased(gpu) => {
+            Some(why) if self.market().leases().is_leased(gpu) => {
                 let reason = format!("GPU {uuid} on host {} reported unhealthy: {why}", host.name);
                 let (notice, _) =
                     self.stage_notice(gpu, Withdrawal::Unhealthy, reason, &mut staged.commit)?;
@@ -268,118 +266,43 @@ impl Arbiter {
         Ok(())
     }
 
-    /// A liveness deadline passed: every host silent for two heartbeat intervals goes down, and
-    /// the leases on its GPUs are revoked with the reason. Their apps are told, and the freed
-    /// capacity elsewhere is auctioned again.
-    pub(super) fn stop_silent_hosts(&mut self, ctx: &mut Context<Self>) {
-        let now = self.now();
-        let silence = self.settings.heartbeat_interval * 2;
-        let silent: Vec<(String, i32)> = self
-            .market
-            .hosts()
-            .hosts()
-            .filter(|host| host.up)
-            .filter(|host| {
-                self.last_seen
-                    .get(&host.name)
-                    .is_none_or(|&seen| now >= seen.saturating_add(silence))
-            })
-            .map(|host| (host.name.clone(), host.machine as i32))
-            .collect();
-        if silent.is_empty() {
-            return;
-        }
-        let mut next = self.market.clone();
-        let mut commit = Commit::default();
-        for (name, machine) in &silent {
-            let reason = format!("host {name} stopped heartbeating");
-            let ended = next
-                .host_down(name, now)
-                .map_err(internal)
-                .and_then(|revoked| records::ended_leases(&next, &revoked, Some(&reason)));
-            match ended {
-                Ok(ended) => {
-                    commit.ended.extend(ended.ended);
-                    commit.events.extend(ended.events);
-                }
-                Err(error) => {
-                    tracing::error!(%error, host = %name, "cannot stage a host going down");
-                    return;
-                }
-            }
-            commit.workers.host_status.push(HostStatusChange {
-                machine: *machine,
-                up: false,
-                reason,
-            });
-        }
-        let revocations = commit.ended.len();
-        let reply = self.commit(commit, ctx, move |arbiter, _| {
-            arbiter.market = next;
-            metrics().leases_revoked(revocations);
-            for (name, _) in &silent {
-                arbiter.mirror_service(name);
-                tracing::warn!(host = %name, "GPU host stopped heartbeating; its leases were revoked");
-            }
-        });
-        self.run_internal(reply, ctx);
-    }
-
-    /// After a restart: hosts that were up get two heartbeat intervals from now to heartbeat,
-    /// and leases on GPUs reported unhealthy before the restart (their notice already given)
-    /// are revoked at once.
-    pub(super) fn watch_restored_hosts(&mut self) {
-        let now = self.now();
-        let up: Vec<String> = self
-            .market
-            .hosts()
-            .hosts()
-            .filter(|host| host.up)
-            .map(|host| host.name.clone())
-            .collect();
-        for name in up {
-            self.saw_host(&name, now);
-        }
-        let unhealthy: Vec<GpuIndex> = self
-            .market
-            .leases()
-            .active()
-            .flat_map(|lease| lease.gpus.iter().copied())
-            .filter(|&gpu| self.market.is_withdrawn_for(gpu, Withdrawal::Unhealthy))
-            .collect();
-        for gpu in unhealthy {
-            let reason = format!(
-                "GPU {} was reported unhealthy before the arbiter restarted",
-                self.market.cluster().gpu(gpu).id
-            );
-            let notice = Notice {
-                at: now,
-                withdrawal: Withdrawal::Unhealthy,
-                reason,
-            };
-            self.remember_notice(gpu, notice);
+    pub(super) fn tell_gpu(&self, gpu: &str, command: GpuCommand) {
+        if let Some(index) = self.market().cluster().index_of(&GpuId(gpu.to_owned())) {
+            self.gpus[index.get()].do_send(command);
         }
     }
 
-    /// The host gave a sign of life: its liveness deadline moves to two intervals from now.
-    fn saw_host(&mut self, name: &str, now: Timestamp) {
-        self.last_seen.insert(name.to_owned(), now);
-        let deadline = now.saturating_add(self.settings.heartbeat_interval * 2);
-        self.schedule(deadline, Timer::HostLiveness);
+    /// A mirror for every GPU, each told of the lease it runs.
+    pub(super) fn start_gpu_workers(&mut self) {
+        self.gpus = self
+            .market()
+            .cluster()
+            .gpus()
+            .map(|(index, _)| self.gpu_worker(index).start())
+            .collect();
+        for lease in self.market().leases().active() {
+            let (lease_id, app) = (lease.id.0 as i64, app_key(&lease.app).unwrap_or_default());
+            for &gpu in &lease.gpus {
+                self.gpus[gpu.get()].do_send(GpuCommand::Run {
+                    lease: lease_id,
+                    app,
+                });
+            }
+        }
     }
 
     /// Tells the host's GPU mirrors whether they are in service.
-    fn mirror_service(&self, host: &str) {
-        for gpu in self.market.host_gpus(host) {
-            self.gpus[gpu.get()].do_send(GpuCommand::SetHealth(self.market.is_healthy(gpu)));
+    pub(super) fn mirror_service(&self, host: &str) {
+        for gpu in self.market().host_gpus(host) {
+            self.gpus[gpu.get()].do_send(GpuCommand::SetHealth(self.market().is_healthy(gpu)));
         }
     }
 
     /// The mirror of GPU `index`: of a registered host, or of the simulated fleet.
     pub(super) fn gpu_worker(&self, index: GpuIndex) -> GpuWorker {
-        let id = self.market.cluster().gpu(index).id.0.clone();
-        let healthy = self.market.is_healthy(index);
-        match self.market.host_of(index) {
+        let id = self.market().cluster().gpu(index).id.0.clone();
+        let healthy = self.market().is_healthy(index);
+        match self.market().host_of(index) {
             Some(host) => GpuWorker::on_host(id, host.name.clone(), healthy),
             None => GpuWorker::simulated(id.clone(), simulated_cuda_uuid(&id), healthy),
         }
@@ -388,10 +311,10 @@ impl Arbiter {
     /// Every active lease on the host's GPUs, as the host enforces it: a lease given notice
     /// ends when its revocation is due.
     fn host_leases(&self, host: &str) -> HeartbeatReply {
-        let on_host: BTreeSet<GpuIndex> = self.market.host_gpus(host).into_iter().collect();
-        let cluster = self.market.cluster();
+        let on_host: BTreeSet<GpuIndex> = self.market().host_gpus(host).into_iter().collect();
+        let cluster = self.market().cluster();
         let leases = self
-            .market
+            .market()
             .leases()
             .active()
             .filter_map(|lease| {
@@ -407,7 +330,7 @@ impl Arbiter {
                 let end = lease
                     .gpus
                     .iter()
-                    .filter_map(|gpu| self.draining.get(gpu))
+                    .filter_map(|&gpu| self.live.notice(gpu))
                     .map(|notice| notice.at)
                     .fold(lease.end, Timestamp::min);
                 Some(HostLease {

@@ -9,22 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+pub use agora_market::live::Timer;
 use agora_market::time::Timestamp;
-use agora_market::topology::GpuIndex;
 
 use crate::clock::Clock;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Timer {
-    /// A lease may have reached its end: expire what is due.
-    LeaseEnd,
-    /// A GPU's notice period is over (drained, or reported unhealthy): revoke its lease.
-    Revocation(GpuIndex),
-    /// A GPU host may have been silent for two heartbeat intervals: check every host.
-    HostLiveness,
-    /// Round `id` stops taking bids.
-    RoundDeadline(i64),
-}
 
 /// Sent to the arbiter when a timer falls due.
 #[derive(Debug, Message)]

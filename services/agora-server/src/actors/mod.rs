@@ -1,7 +1,8 @@
-//! The actors of the arbiter service, thin over the engine: the [`arbiter::Arbiter`] decides
-//! (through the engine) and commits, [`agent::AppAgent`]s bid, the
-//! [`lease_manager::LeaseManager`] keeps time, [`gpu_worker::GpuWorker`]s mirror GPU hosts,
-//! whose registrations and heartbeats [`hosts`] handles.
+//! The actors of the arbiter service, thin over the engine: the [`arbiter::Arbiter`] wraps the
+//! engine's live state machine (`agora_market::live`) and commits what it decides,
+//! [`agent::AppAgent`]s bid, the [`lease_manager::LeaseManager`] keeps time,
+//! [`gpu_worker::GpuWorker`]s mirror GPU hosts, whose registrations and heartbeats [`hosts`]
+//! handles.
 
 pub mod agent;
 pub mod arbiter;

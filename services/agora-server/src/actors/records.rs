@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use agora_market::app::AppId;
 use agora_market::auction::{AppBid, AuctionOutcome};
 use agora_market::lease::Lease;
-use agora_market::market::{Market, RoundOffer, RoundOutcome};
+use agora_market::live::{HostDown, Record};
+use agora_market::market::{Market, RoundOffer, RoundOutcome, Withdrawal};
 use agora_market::time::Timestamp;
 use agora_market::topology::GpuId;
 use serde_json::Value;
@@ -14,9 +15,9 @@ use serde_json::Value;
 use super::ArbiterError;
 use crate::clock::to_datetime;
 use crate::store::{
-    app_key, AllocationRow, AppEvent, ClosedRound, Commit, EventPayload, LeaseEndedEvent,
-    LeaseGrantedEvent, LeaseRecord, OfferEvent, OfferedGpu, OpenedRound, RoundResultEvent,
-    StandingRow,
+    app_key, AllocationRow, AppEvent, ClosedRound, Commit, EventPayload, HostStatusChange,
+    LeaseEndedEvent, LeaseGrantedEvent, LeaseRecord, OfferEvent, OfferedGpu, OpenedRound,
+    RoundResultEvent, StandingRow,
 };
 
 pub fn lease_record(market: &Market, lease: &Lease) -> Result<LeaseRecord, ArbiterError> {
@@ -241,6 +242,60 @@ pub fn ended_leases(
         events,
         ..Commit::default()
     })
+}
+
+/// What the store writes for a record of the live state machine; `market` is the market after
+/// it.
+pub fn of_record(market: &Market, now: Timestamp, record: &Record) -> Result<Commit, ArbiterError> {
+    match record {
+        Record::RoundOpened {
+            id,
+            seed,
+            deadline,
+            offer,
+            ..
+        } => opened_round(market, *id, *seed, *deadline, offer),
+        Record::RoundClosed {
+            id,
+            outcome,
+            agent_bids_used,
+        } => closed_round(market, *id, now, outcome, agent_bids_used),
+        Record::RoundAbandoned { id, .. } => Ok(Commit {
+            abandoned_rounds: vec![*id],
+            ..Commit::default()
+        }),
+        Record::LeasesExpired { leases } => ended_leases(market, leases, None),
+        Record::NoticeServed {
+            gpu,
+            notice,
+            revoked,
+        } => {
+            let revoked: Vec<Lease> = revoked.iter().cloned().collect();
+            let mut commit = ended_leases(market, &revoked, Some(&notice.reason))?;
+            if notice.withdrawal == Withdrawal::Drained {
+                let id = market.cluster().gpu(*gpu).id.0.clone();
+                commit.gpu_health.push((id, false));
+            }
+            Ok(commit)
+        }
+        Record::HostsDown { hosts } => hosts_down(market, hosts),
+    }
+}
+
+/// Hosts given up for silence: each is marked down and its leases end with the reason.
+fn hosts_down(market: &Market, hosts: &[HostDown]) -> Result<Commit, ArbiterError> {
+    let mut commit = Commit::default();
+    for host in hosts {
+        let ended = ended_leases(market, &host.revoked, Some(&host.reason))?;
+        commit.ended.extend(ended.ended);
+        commit.events.extend(ended.events);
+        commit.workers.host_status.push(HostStatusChange {
+            machine: host.machine as i32,
+            up: false,
+            reason: host.reason.clone(),
+        });
+    }
+    Ok(commit)
 }
 
 fn to_json(value: &impl serde::Serialize) -> Result<Value, ArbiterError> {

@@ -3,8 +3,9 @@
 
 use actix::prelude::*;
 use agora_market::app::{App, AppId, AppKind};
-use agora_market::auction::{validate_bid, AppBid};
+use agora_market::auction::AppBid;
 use agora_market::lease::LeaseId;
+use agora_market::live::{Event, LiveError, Notice};
 use agora_market::market::Withdrawal;
 use agora_market::progress::JobProgress;
 use agora_market::time::Timestamp;
@@ -15,14 +16,13 @@ use tracing::Instrument;
 use utoipa::ToSchema;
 
 use super::agent::Bidding;
-use super::arbiter::{Arbiter, Notice, Reply, RoundState};
-use super::lease_manager::Timer;
+use super::arbiter::{Arbiter, Reply, Staged};
 use super::records;
 use super::ArbiterError;
 use crate::clock::to_datetime;
 use crate::store::{
-    app_id, app_key, BidInsert, Commit, EventPayload, NewApp, NewBid, OperatorAction,
-    ProgressSample, RevocationNoticeEvent, StoreError,
+    app_id, app_key, AppInsert, BidInsert, Commit, EventPayload, NewApp, NewBid, OperatorAction,
+    ProgressSample, RevocationNoticeEvent,
 };
 
 fn refuse<T: 'static>(error: ArbiterError) -> Reply<T> {
@@ -57,15 +57,18 @@ pub struct RegisterApp {
 }
 
 impl Handler<RegisterApp> for Arbiter {
-    type Result = AtomicResponse<Self, Result<i64, ArbiterError>>;
+    type Result = Reply<i64>;
 
     fn handle(&mut self, request: RegisterApp, _: &mut Self::Context) -> Self::Result {
         let _span = request.span.clone().entered();
-        AtomicResponse::new(self.register(request))
+        self.register(request)
     }
 }
 
 impl Arbiter {
+    /// Checks the app, then has the writer store it like any other write; once it is durable
+    /// (its id is the database's) the app joins the market, and the answer comes once its
+    /// arrival is durable too. The mailbox goes on meanwhile.
     fn register(&mut self, request: RegisterApp) -> Reply<i64> {
         if request.name.trim().is_empty() || request.name.chars().count() > 200 {
             return refuse(ArbiterError::InvalidApp(
@@ -85,57 +88,74 @@ impl Arbiter {
         let now = self.now();
         // Fixed now, stored with the app and restored as it is, so a restart or a cluster that
         // grows later leaves the app's rho where it was.
-        let cluster_seconds = self.market.cluster_time(&probe);
-        let store = self.store.clone();
+        let cluster_seconds = self.market().cluster_time(&probe);
+        let stored = (|| {
+            let json = |value: serde_json::Result<serde_json::Value>| {
+                value.map_err(|error| ArbiterError::Internal(error.to_string()))
+            };
+            Ok(NewApp {
+                tenant: request.tenant,
+                name: request.name.clone(),
+                kind: kind_name(&request.kind),
+                bidding: request.bidding.as_str(),
+                state: json(serde_json::to_value(&request.kind))?,
+                enforcement: json(serde_json::to_value(&request.enforcement))?,
+                jobs: probe.jobs().into_iter().cloned().collect(),
+                arrived_at: now,
+                cluster_seconds,
+            })
+        })();
+        let stored = match stored {
+            Ok(new_app) => self.writer.insert_app(new_app),
+            Err(error) => return refuse(error),
+        };
+        let persisted = stored.instrument(tracing::info_span!("persistence"));
         Box::pin(
-            async move {
-                let state = serde_json::to_value(&request.kind)
-                    .map_err(|error| ArbiterError::Internal(error.to_string()))?;
-                let enforcement = serde_json::to_value(&request.enforcement)
-                    .map_err(|error| ArbiterError::Internal(error.to_string()))?;
-                let new_app = NewApp {
-                    tenant: request.tenant,
-                    name: &request.name,
-                    kind: kind_name(&request.kind),
-                    bidding: request.bidding.as_str(),
-                    state,
-                    enforcement,
-                    jobs: probe.jobs(),
-                    arrived_at: now,
-                    cluster_seconds,
-                };
-                let id = store
-                    .insert_app(&new_app)
-                    .await
-                    .map_err(|error| match error {
-                        StoreError::Database(ref db) if is_unique_violation(db) => {
-                            ArbiterError::DuplicateAppName(request.name.clone())
+            persisted
+                .into_actor(self)
+                .then(move |stored, arbiter, ctx| {
+                    let id = match stored {
+                        Ok(AppInsert::Stored(id)) => id,
+                        Ok(AppInsert::DuplicateName) => {
+                            return refuse(ArbiterError::DuplicateAppName(request.name));
                         }
-                        other => other.into(),
-                    })?;
-                Ok((
-                    id,
-                    request.tenant,
-                    request.bidding,
-                    request.kind,
-                    request.enforcement,
-                ))
-            }
-            .into_actor(self)
-            .map(move |result: Result<_, ArbiterError>, arbiter, ctx| {
-                let (id, tenant, bidding, kind, enforcement) = result?;
-                let app = App {
-                    id: app_id(id),
-                    kind,
-                };
-                arbiter
-                    .market
-                    .admit(app, now, cluster_seconds)
-                    .map_err(|error| ArbiterError::Internal(error.to_string()))?;
-                arbiter.join(app_id(id), tenant, bidding, enforcement, ctx);
-                arbiter.open_round_if_idle(ctx);
-                Ok(id)
-            }),
+                        Err(error) => return refuse(error.into()),
+                    };
+                    // The app arrives now, in the order of the arbiter's other decisions (others may
+                    // have come while it was stored), so that a restart replays its arrival exactly.
+                    let arrived_at = arbiter.now();
+                    let arrival = Commit {
+                        arrivals: vec![(id, arrived_at)],
+                        ..Commit::default()
+                    };
+                    let durable = arbiter.writer.commit(arrival, arrived_at);
+                    // The agent first: the round the arrival opens asks it for a bid.
+                    arbiter.join(
+                        app_id(id),
+                        request.tenant,
+                        request.bidding,
+                        request.enforcement,
+                        ctx,
+                    );
+                    let registered = Event::AppRegistered {
+                        app: App {
+                            id: app_id(id),
+                            kind: request.kind,
+                        },
+                        bidding: request.bidding,
+                        arrived_at,
+                        cluster_seconds,
+                    };
+                    let began = std::time::Instant::now();
+                    match arbiter.live.handle(arrived_at, registered) {
+                        Ok(effects) => arbiter.carry_out(effects, began, ctx),
+                        Err(error) => {
+                            arbiter.members.remove(&app_id(id));
+                            return refuse(ArbiterError::Internal(error.to_string()));
+                        }
+                    }
+                    arbiter.when_durable(durable, id)
+                }),
         )
     }
 }
@@ -168,12 +188,6 @@ fn kind_name(kind: &AppKind) -> &'static str {
         AppKind::SuccessiveHalving(_) => "successive_halving",
         AppKind::PerformanceCurve(_) => "performance_curve",
     }
-}
-
-fn is_unique_violation(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .is_some_and(|db| db.code().as_deref() == Some("23505"))
 }
 
 /// The answer to a progress report.
@@ -210,7 +224,7 @@ impl Arbiter {
     ) -> Reply<ProgressAck> {
         let staged = (|| {
             let id = self.authorize(request.tenant, request.app)?;
-            let mut next = self.market.clone();
+            let mut next = self.market().clone();
             let app = next
                 .app_mut(&id)
                 .ok_or(ArbiterError::AppNotActive(request.app))?;
@@ -242,21 +256,21 @@ impl Arbiter {
                     }),
                 })
                 .collect();
-            Ok((next, commit, finished, id))
+            let departed = if finished { vec![id] } else { Vec::new() };
+            Ok((
+                Staged {
+                    market: next,
+                    departed,
+                },
+                commit,
+                finished,
+            ))
         })();
-        let (next, commit, finished, id) = match staged {
+        let (staged, commit, finished) = match staged {
             Ok(staged) => staged,
             Err(error) => return refuse(error),
         };
-        self.commit(commit, ctx, move |arbiter, ctx| {
-            arbiter.market = next;
-            if finished {
-                arbiter.members.remove(&id);
-                // The round may have waited only for this app's bid.
-                arbiter.close_round_if_due(ctx);
-            }
-            ProgressAck { finished }
-        })
+        self.commit(commit, staged, ctx, move |_, _| ProgressAck { finished })
     }
 }
 
@@ -272,7 +286,7 @@ impl Arbiter {
         let released = next
             .remove_app(id, self.now())
             .map_err(|error| ArbiterError::Internal(error.to_string()))?;
-        let mut commit = records::ended_leases(&self.market, &released, Some("the app finished"))?;
+        let mut commit = records::ended_leases(self.market(), &released, Some("the app finished"))?;
         commit.finished_apps.push(key);
         Ok(commit)
     }
@@ -294,17 +308,16 @@ impl Handler<FinishApp> for Arbiter {
         let _span = request.span.clone().entered();
         let staged = (|| {
             let id = self.authorize(request.tenant, request.app)?;
-            let mut next = self.market.clone();
+            let mut next = self.market().clone();
             let commit = self.stage_departure(&mut next, &id, request.app)?;
-            Ok((next, commit, id))
+            let staged = Staged {
+                market: next,
+                departed: vec![id],
+            };
+            Ok((staged, commit))
         })();
         match staged {
-            Ok((next, commit, id)) => self.commit(commit, ctx, move |arbiter, ctx| {
-                arbiter.market = next;
-                arbiter.members.remove(&id);
-                // The round may have waited only for this app's bid.
-                arbiter.close_round_if_due(ctx);
-            }),
+            Ok((staged, commit)) => self.commit(commit, staged, ctx, |_, _| ()),
             Err(error) => refuse(error),
         }
     }
@@ -339,11 +352,12 @@ impl Handler<SubmitBid> for Arbiter {
         let span = request.span.clone();
         let _span = span.clone().entered();
         let (round, writer, store) = (request.round, self.writer.clone(), self.store.clone());
+        let began = std::time::Instant::now();
         let accepted = app_key(&request.bid.app)
             .map_err(|_| ArbiterError::AppNotActive(-1))
-            .and_then(|app| self.check_bid(&request, app).map(|()| app));
-        let app = match accepted {
-            Ok(app) => app,
+            .and_then(|app| self.count_bid(&request, app).map(|effects| (app, effects)));
+        let (app, effects) = match accepted {
+            Ok(accepted) => accepted,
             // A retry (the app's bid in this round has the same `Idempotency-Key`) gets the
             // first answer, even after the round closed; the writer sees bids queued before it.
             Err(refusal) => {
@@ -366,11 +380,6 @@ impl Handler<SubmitBid> for Arbiter {
                 )
             }
         };
-        if let RoundState::Open(pending) = &mut self.round {
-            pending
-                .framework_bids
-                .insert(request.bid.app.clone(), request.bid.clone());
-        }
         crate::metrics::metrics().bid_received("framework");
         let arbiter = ctx.address();
         let retry = request
@@ -386,7 +395,7 @@ impl Handler<SubmitBid> for Arbiter {
             idempotency_key: request.idempotency_key,
             received_at: self.now(),
         });
-        self.close_round_if_due(ctx);
+        self.carry_out(effects, began, ctx);
         Box::pin(
             async move {
                 let stored = stored.await;
@@ -466,53 +475,40 @@ struct ForgetBid {
 impl Handler<ForgetBid> for Arbiter {
     type Result = ();
 
-    fn handle(&mut self, ForgetBid { round, app }: ForgetBid, _: &mut Self::Context) {
-        self.forget_bid(round, app);
+    fn handle(&mut self, ForgetBid { round, app }: ForgetBid, ctx: &mut Self::Context) {
+        let app = app_id(app);
+        self.feed(Event::BidNotStored { round, app }, ctx);
     }
 }
 
 impl Arbiter {
-    /// Everything that can be checked before the bid is counted.
-    fn check_bid(&self, request: &SubmitBid, app: i64) -> Result<(), ArbiterError> {
+    /// Checks the bid (the tenant here, the rest in the state machine) and counts it;
+    /// returns what counting it calls for (the round may close).
+    fn count_bid(
+        &mut self,
+        request: &SubmitBid,
+        app: i64,
+    ) -> Result<Vec<agora_market::live::Effect>, ArbiterError> {
         self.authorize(request.tenant, app)?;
-        let RoundState::Open(pending) = &self.round else {
-            return Err(self.missing_round(request.round));
+        let counted = Event::FrameworkBid {
+            round: request.round,
+            bid: request.bid.clone(),
         };
-        if pending.id != request.round {
-            return Err(self.missing_round(request.round));
-        }
-        if self.now() > pending.deadline {
-            return Err(ArbiterError::RoundClosed(request.round));
-        }
-        if pending.framework_bids.contains_key(&request.bid.app) {
-            return Err(ArbiterError::AlreadyBid {
-                app,
-                round: request.round,
-            });
-        }
-        if !pending.offer.bidders.contains(&request.bid.app) {
-            return Err(ArbiterError::NotABidder {
-                app,
-                round: request.round,
-            });
-        }
-        let limit = self.market.config().bids.max_entries;
-        if request.bid.bids.len() > limit {
-            return Err(ArbiterError::TableTooLarge {
-                entries: request.bid.bids.len(),
-                limit,
-            });
-        }
-        validate_bid(&pending.offer.offer.offer, &request.bid)?;
-        Ok(())
-    }
-
-    fn missing_round(&self, round: i64) -> ArbiterError {
-        if round < self.next_round {
-            ArbiterError::RoundClosed(round)
-        } else {
-            ArbiterError::UnknownRound(round)
-        }
+        self.live
+            .handle(self.now(), counted)
+            .map_err(|refusal| match refusal {
+                LiveError::UnknownRound(round) => ArbiterError::UnknownRound(round),
+                LiveError::RoundClosed(round) => ArbiterError::RoundClosed(round),
+                LiveError::NotABidder { round, .. } => ArbiterError::NotABidder { app, round },
+                LiveError::AlreadyBid { round, .. } => ArbiterError::AlreadyBid { app, round },
+                LiveError::TableTooLarge { entries, limit } => {
+                    ArbiterError::TableTooLarge { entries, limit }
+                }
+                LiveError::InvalidBid(error) => ArbiterError::InvalidBid(error),
+                error @ (LiveError::Market(_) | LiveError::Halted(_)) => {
+                    ArbiterError::Internal(error.to_string())
+                }
+            })
     }
 }
 
@@ -533,14 +529,14 @@ impl Handler<ReleaseLease> for Arbiter {
         let staged = (|| {
             let id = LeaseId(request.lease as u64);
             let lease = self
-                .market
+                .market()
                 .leases()
                 .get(id)
                 .ok_or(ArbiterError::LeaseNotActive(request.lease))?;
             // Another tenant's lease is answered as one that does not exist.
             self.authorize(request.tenant, app_key(&lease.app)?)
                 .map_err(|_| ArbiterError::LeaseNotActive(request.lease))?;
-            let mut next = self.market.clone();
+            let mut next = self.market().clone();
             let released = next
                 .release_lease(id, self.now())
                 .map_err(|_| ArbiterError::LeaseNotActive(request.lease))?;
@@ -548,7 +544,7 @@ impl Handler<ReleaseLease> for Arbiter {
             Ok((next, commit))
         })();
         match staged {
-            Ok((next, commit)) => self.commit(commit, ctx, move |arbiter, _| arbiter.market = next),
+            Ok((next, commit)) => self.commit(commit, Staged::market(next), ctx, |_, _| ()),
             Err(error) => refuse(error),
         }
     }
@@ -580,7 +576,7 @@ impl Handler<SetGpuService> for Arbiter {
     fn handle(&mut self, request: SetGpuService, ctx: &mut Self::Context) -> Self::Result {
         let _span = request.span.clone().entered();
         let Some(index) = self
-            .market
+            .market()
             .cluster()
             .index_of(&agora_market::topology::GpuId(request.gpu.clone()))
         else {
@@ -588,14 +584,12 @@ impl Handler<SetGpuService> for Arbiter {
         };
         let now = self.now();
         if request.healthy {
-            if self
-                .draining
-                .get(&index)
-                .is_some_and(|notice| notice.withdrawal == Withdrawal::Drained)
-            {
-                self.draining.remove(&index);
-            }
-            let mut next = self.market.clone();
+            let cancelled = Event::NoticeCancelled {
+                gpu: index,
+                withdrawal: Withdrawal::Drained,
+            };
+            self.feed(cancelled, ctx);
+            let mut next = self.market().clone();
             next.set_gpu_health(index, true, now);
             let commit = Commit {
                 gpu_health: vec![(request.gpu.clone(), true)],
@@ -606,18 +600,15 @@ impl Handler<SetGpuService> for Arbiter {
                 }],
                 ..Commit::default()
             };
-            return self.commit(commit, ctx, move |arbiter, _| {
-                arbiter.market = next;
-                DrainAck {
-                    gpu: request.gpu,
-                    lease: None,
-                    revoke_at: to_datetime(now),
-                }
+            return self.commit(commit, Staged::market(next), ctx, move |_, _| DrainAck {
+                gpu: request.gpu,
+                lease: None,
+                revoke_at: to_datetime(now),
             });
         }
         // Out of service at once: no round offers it again, while the lease holding it, if
         // any, runs to the end of its notice.
-        let mut next = self.market.clone();
+        let mut next = self.market().clone();
         next.set_withdrawn(index, Withdrawal::Drained, true);
         let mut commit = Commit {
             gpu_health: vec![(request.gpu.clone(), false)],
@@ -635,9 +626,8 @@ impl Handler<SetGpuService> for Arbiter {
             lease,
         });
         let revoke_at = to_datetime(notice.at);
-        self.commit(commit, ctx, move |arbiter, _| {
-            arbiter.market = next;
-            arbiter.remember_notice(index, notice);
+        self.commit(commit, Staged::market(next), ctx, move |arbiter, ctx| {
+            arbiter.feed(Event::NoticeGiven { gpu: index, notice }, ctx);
             DrainAck {
                 gpu: request.gpu,
                 lease,
@@ -649,8 +639,8 @@ impl Handler<SetGpuService> for Arbiter {
 
 impl Arbiter {
     /// Stages a revocation notice for the lease holding `gpu`, if any: it ends after the grace
-    /// period (at once when the GPU is free). Returns the notice to remember once committed,
-    /// and the lease.
+    /// period (at once when the GPU is free). Returns the notice to give once committed
+    /// ([`Event::NoticeGiven`]), and the lease.
     pub(super) fn stage_notice(
         &self,
         gpu: GpuIndex,
@@ -658,38 +648,23 @@ impl Arbiter {
         reason: String,
         commit: &mut Commit,
     ) -> Result<(Notice, Option<i64>), ArbiterError> {
-        let holder = self.market.leases().holder_of(gpu);
-        let at = self.now().saturating_add(match holder {
-            Some(_) => self.settings.revocation_grace,
-            None => std::time::Duration::ZERO,
-        });
+        let notice = self.live.notice_now(gpu, withdrawal, reason, self.now());
+        let holder = self.market().leases().holder_of(gpu);
         if let Some(lease) = holder {
-            commit.notices.push((lease.id.0 as i64, reason.clone()));
+            commit
+                .notices
+                .push((lease.id.0 as i64, notice.reason.clone()));
             commit.events.push(crate::store::AppEvent {
                 app: app_key(&lease.app)?,
                 payload: EventPayload::RevocationNotice(RevocationNoticeEvent {
                     lease: lease.id.0 as i64,
-                    gpu: self.market.cluster().gpu(gpu).id.0.clone(),
-                    revoke_at: to_datetime(at),
-                    reason: reason.clone(),
+                    gpu: self.market().cluster().gpu(gpu).id.0.clone(),
+                    revoke_at: to_datetime(notice.at),
+                    reason: notice.reason.clone(),
                 }),
             });
         }
-        let lease = holder.map(|lease| lease.id.0 as i64);
-        Ok((
-            Notice {
-                at,
-                withdrawal,
-                reason,
-            },
-            lease,
-        ))
-    }
-
-    /// A committed notice: the revocation fires when it is due.
-    pub(super) fn remember_notice(&mut self, gpu: GpuIndex, notice: Notice) {
-        self.schedule(notice.at, Timer::Revocation(gpu));
-        self.draining.insert(gpu, notice);
+        Ok((notice, holder.map(|lease| lease.id.0 as i64)))
     }
 }
 
@@ -721,7 +696,7 @@ impl Handler<StandingOf> for Arbiter {
     fn handle(&mut self, request: StandingOf, _: &mut Self::Context) -> Self::Result {
         let id = self.authorize(request.tenant, request.app)?;
         let now: Timestamp = self.now();
-        let standings = self.market.standings(now);
+        let standings = self.market().standings(now);
         let position = standings
             .iter()
             .position(|standing| standing.app == id)
@@ -730,7 +705,7 @@ impl Handler<StandingOf> for Arbiter {
         Ok(AppStanding {
             rho: standing.rho.map(f64::from),
             gpus_held: self
-                .market
+                .market()
                 .leases()
                 .leases_of(&id)
                 .map(|lease| lease.gpus.len())
@@ -738,7 +713,7 @@ impl Handler<StandingOf> for Arbiter {
             unmet_demand: standing.unmet_demand,
             position,
             active_apps: standings.len(),
-            bidders_per_round: self.market.config().bidders_per_round(standings.len()),
+            bidders_per_round: self.market().config().bidders_per_round(standings.len()),
         })
     }
 }
@@ -768,9 +743,7 @@ impl Handler<CurrentRoundOf> for Arbiter {
     type Result = Option<CurrentRound>;
 
     fn handle(&mut self, _: CurrentRoundOf, _: &mut Self::Context) -> Self::Result {
-        let RoundState::Open(round) = &self.round else {
-            return None;
-        };
+        let round = self.live.open_round()?;
         Some(CurrentRound {
             round_id: round.id,
             opened_at: to_datetime(round.offer.now),
@@ -819,7 +792,7 @@ impl Handler<RhoOf> for Arbiter {
         let mut indices: Vec<GpuIndex> = Vec::with_capacity(request.gpus.len());
         for gpu in &request.gpus {
             let index = self
-                .market
+                .market()
                 .cluster()
                 .index_of(&agora_market::topology::GpuId(gpu.clone()))
                 .ok_or_else(|| {
@@ -833,13 +806,13 @@ impl Handler<RhoOf> for Arbiter {
             indices.push(index);
         }
         let current = self
-            .market
+            .market()
             .rho_projection(&id, &indices, now)
             .map_err(|error| ArbiterError::Internal(error.to_string()))?;
         let projected = if request.progress.is_empty() {
             current.projected
         } else {
-            let mut staged = self.market.clone();
+            let mut staged = self.market().clone();
             staged
                 .app_mut(&id)
                 .ok_or(ArbiterError::AppNotActive(request.app))?

@@ -1,4 +1,4 @@
-//! The one writer of the arbiter's decisions and the frameworks' bids. Jobs are written in the
+//! The one writer of the arbiter's decisions, the apps that register and the frameworks' bids. Jobs are written in the
 //! order they were queued, many to a transaction (group commit): under load, one commit makes
 //! durable everything that arrived while the previous one was in flight, instead of one fsync
 //! and a handful of round trips per decision.
@@ -16,11 +16,19 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::{mpsc, oneshot};
 
 use super::bid_rows::{insert_bids, BidSource, NewBid};
-use super::writes::write_commit;
+use super::writes::{insert_app, write_commit, NewApp};
 use super::{Commit, Store, StoreError};
 
 /// Most jobs in one transaction: bounds a commit's size when a backlog builds up.
 const MAX_BATCH: usize = 512;
+
+/// What became of an app's registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppInsert {
+    Stored(i64),
+    /// The tenant already has an app of that name: nothing stored.
+    DuplicateName,
+}
 
 /// What became of a framework's bid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +45,7 @@ type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 #[derive(Debug)]
 enum Job {
+    App(Box<NewApp>, Reply<AppInsert>),
     Bid(NewBid, Reply<BidInsert>),
     Lookup {
         round: i64,
@@ -67,6 +76,16 @@ impl Writer {
 
     // Each method queues its job before it returns, so jobs keep the order of the calls even
     // when their answers are awaited later.
+
+    /// Stores a new app and its jobs, answering once they are committed.
+    pub fn insert_app(
+        &self,
+        app: NewApp,
+    ) -> impl Future<Output = Result<AppInsert, StoreError>> + use<> {
+        let (reply, answer) = oneshot::channel();
+        let queued = self.queue(Job::App(Box::new(app), reply));
+        async move { answered(queued, answer).await? }
+    }
 
     /// Stores a framework's bid, answering once it is committed.
     pub fn insert_bid(
@@ -157,6 +176,7 @@ async fn write_jobs(store: Store, mut queue: mpsc::UnboundedReceiver<Job>) {
 
 /// A job taken into the batch: where its answer goes, and the answer once known.
 enum Taken {
+    App(Reply<AppInsert>, Option<AppInsert>),
     Bid(Reply<BidInsert>, Option<BidInsert>),
     Lookup(Reply<Option<i64>>, Option<Option<i64>>),
     Decision(Reply<Box<Commit>>, Box<Commit>),
@@ -186,11 +206,13 @@ async fn write_batch(store: &Store, jobs: Vec<Job>) -> Result<(), Arc<StoreError
 impl Taken {
     fn succeed(self) {
         match self {
+            Self::App(reply, Some(result)) => drop(reply.send(Ok(result))),
             Self::Bid(reply, Some(result)) => drop(reply.send(Ok(result))),
             Self::Lookup(reply, Some(result)) => drop(reply.send(Ok(result))),
             Self::Decision(reply, commit) => drop(reply.send(Ok(commit))),
             Self::Flush(done) => drop(done.send(())),
             // Only a failed statement leaves an answer unknown, and then the batch failed.
+            Self::App(reply, None) => drop(reply.send(Err(StoreError::WriterStopped))),
             Self::Bid(reply, None) => drop(reply.send(Err(StoreError::WriterStopped))),
             Self::Lookup(reply, None) => drop(reply.send(Err(StoreError::WriterStopped))),
         }
@@ -198,6 +220,7 @@ impl Taken {
 
     fn fail(self, error: &Arc<StoreError>) {
         match self {
+            Self::App(reply, _) => send_failure(reply, error),
             Self::Bid(reply, _) => send_failure(reply, error),
             Self::Lookup(reply, _) => send_failure(reply, error),
             Self::Decision(reply, _) => send_failure(reply, error),
@@ -209,6 +232,7 @@ impl Taken {
 impl Job {
     fn fail(self, error: &Arc<StoreError>) {
         match self {
+            Self::App(_, reply) => send_failure(reply, error),
             Self::Bid(_, reply) => send_failure(reply, error),
             Self::Lookup { reply, .. } => send_failure(reply, error),
             Self::Decision(_, _, reply) => send_failure(reply, error),
@@ -229,6 +253,15 @@ async fn write_in_order(
     let mut tx = store.begin_write().await?;
     while let Some(job) = pending.next() {
         match job {
+            Job::App(app, reply) => {
+                let inserted = insert_app(&mut tx, &app).await;
+                let answer = inserted.as_ref().ok().map(|id| match id {
+                    Some(id) => AppInsert::Stored(*id),
+                    None => AppInsert::DuplicateName,
+                });
+                taken.push(Taken::App(reply, answer));
+                inserted.map_err(StoreError::from_write)?;
+            }
             Job::Bid(bid, reply) => {
                 // Consecutive bids go in together: one statement for all their rows.
                 let mut bids = vec![bid];

@@ -1,6 +1,5 @@
-//! Writes: the arbiter's [`Commit`] (one transaction per decision) and the few inserts that
-//! happen outside rounds (tenants, tokens, apps, the fleet). Framework bids have their own
-//! writer (`writer.rs`).
+//! Writes: what the writer (`writer.rs`) writes for the arbiter (a decision's [`Commit`], a new
+//! app) and the few inserts outside it (tenants, tokens, the fleet).
 
 use agora_market::auction::AppBid;
 use agora_market::lease::LeaseState;
@@ -202,12 +201,25 @@ pub struct Commit {
     pub app_states: Vec<(i64, Value)>,
     pub progress: Vec<ProgressSample>,
     pub finished_apps: Vec<i64>,
+    /// Apps that joined the market, with the arrival it counts them from (their registration
+    /// was stored a moment before, with the time it was asked for).
+    pub arrivals: Vec<(i64, Timestamp)>,
     pub gpu_health: Vec<(String, bool)>,
     /// Drains and restores by an operator, audited in `operator_actions`.
     pub operator_actions: Vec<OperatorAction>,
     pub events: Vec<AppEvent>,
     /// GPU hosts registering, heartbeating, going down and returning.
     pub workers: super::WorkerChanges,
+}
+
+impl Commit {
+    /// Whether the commit frees GPUs or brings some back into service: a round may follow.
+    pub fn frees_capacity(&self) -> bool {
+        !self.ended.is_empty()
+            || !self.finished_apps.is_empty()
+            || self.gpu_health.iter().any(|(_, healthy)| *healthy)
+            || self.workers.returns_capacity
+    }
 }
 
 impl Store {
@@ -223,44 +235,6 @@ impl Store {
         )
         .execute(&mut *tx)
         .await?;
-        tx.commit().await?;
-        Ok(id)
-    }
-
-    /// Inserts an app and its jobs; returns its id.
-    pub async fn insert_app(&self, app: &NewApp<'_>) -> Result<i64, StoreError> {
-        let mut tx = self.begin_write().await?;
-        let id = sqlx::query_scalar!(
-            "INSERT INTO apps (tenant_id, name, kind, bidding, state, arrived_at, enforcement,
-                               cluster_seconds)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
-            app.tenant,
-            app.name,
-            app.kind,
-            app.bidding,
-            app.state,
-            to_datetime(app.arrived_at),
-            app.enforcement,
-            app.cluster_seconds
-        )
-        .fetch_one(&mut *tx)
-        .await?;
-        for job in &app.jobs {
-            sqlx::query!(
-                "INSERT INTO jobs (app_id, name, total_iterations, serial_iteration_time, max_gpus,
-                                   completed_iterations, stopped)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                id,
-                job.id,
-                job.total_iterations as i64,
-                job.serial_iteration_time,
-                job.max_gpus as i32,
-                job.completed_iterations as i64,
-                job.stopped
-            )
-            .execute(&mut *tx)
-            .await?;
-        }
         tx.commit().await?;
         Ok(id)
     }
@@ -298,19 +272,63 @@ impl Store {
 }
 
 /// An app to insert.
-#[derive(Debug, Clone)]
-pub struct NewApp<'a> {
+#[derive(Debug)]
+pub struct NewApp {
     pub tenant: i64,
-    pub name: &'a str,
-    pub kind: &'a str,
-    pub bidding: &'a str,
+    pub name: String,
+    pub kind: &'static str,
+    pub bidding: &'static str,
     pub state: Value,
     /// How hosts enforce its leases (`agora_protocol::Enforcement` as JSON).
     pub enforcement: Value,
-    pub jobs: Vec<&'a agora_market::app::Job>,
+    pub jobs: Vec<agora_market::app::Job>,
     pub arrived_at: Timestamp,
     /// T_cluster, fixed on arrival (`Market::cluster_time`).
     pub cluster_seconds: f64,
+}
+
+/// Inserts an app and its jobs; its id, or `None` if the tenant already has an app of that
+/// name (nothing inserted, and the transaction goes on).
+pub(super) async fn insert_app(
+    tx: &mut Transaction<'_, Postgres>,
+    app: &NewApp,
+) -> Result<Option<i64>, sqlx::Error> {
+    let id = sqlx::query_scalar!(
+        "INSERT INTO apps (tenant_id, name, kind, bidding, state, arrived_at, enforcement,
+                           cluster_seconds)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (tenant_id, name) DO NOTHING RETURNING id",
+        app.tenant,
+        app.name,
+        app.kind,
+        app.bidding,
+        app.state,
+        to_datetime(app.arrived_at),
+        app.enforcement,
+        app.cluster_seconds
+    )
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(id) = id else {
+        return Ok(None);
+    };
+    for job in &app.jobs {
+        sqlx::query!(
+            "INSERT INTO jobs (app_id, name, total_iterations, serial_iteration_time, max_gpus,
+                                   completed_iterations, stopped)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            id,
+            job.id,
+            job.total_iterations as i64,
+            job.serial_iteration_time,
+            job.max_gpus as i32,
+            job.completed_iterations as i64,
+            job.stopped
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(Some(id))
 }
 
 pub fn simulated_host(machine: i32) -> String {
@@ -362,6 +380,15 @@ pub(super) async fn write_commit(
         write_lease_event(tx, *lease, now, "revocation_notice", Some(reason)).await?;
     }
     write_app_changes(tx, commit, now).await?;
+    for &(app, arrived_at) in &commit.arrivals {
+        sqlx::query!(
+            "UPDATE apps SET arrived_at = $2 WHERE id = $1",
+            app,
+            to_datetime(arrived_at)
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
     for (gpu, healthy) in &commit.gpu_health {
         sqlx::query!("UPDATE gpus SET healthy = $2 WHERE id = $1", gpu, healthy)
             .execute(&mut **tx)
