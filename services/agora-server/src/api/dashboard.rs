@@ -81,7 +81,7 @@ pub async fn me(state: web::Data<ApiState>, caller: Caller) -> Result<HttpRespon
         .to_owned(),
         tenant_id: caller.tenant(),
         tenant,
-        apps: state.store.visible_apps(caller.tenant()).await?,
+        apps: state.store.visible_apps(caller).await?,
     }))
 }
 
@@ -232,7 +232,7 @@ pub async fn fairness(
     state: web::Data<ApiState>,
     caller: Caller,
 ) -> Result<HttpResponse, ApiError> {
-    let inputs = state.store.fairness_inputs(caller.tenant()).await?;
+    let inputs = state.store.fairness_inputs(caller).await?;
     Ok(HttpResponse::Ok().json(FairnessSummary::new(inputs)))
 }
 
@@ -266,7 +266,7 @@ pub async fn lease_timeline(
     let limit = super::bounded_limit(query.limit, 2000, 10_000)?;
     let leases = state
         .store
-        .lease_timeline(query.from, query.to, limit, caller.tenant())
+        .lease_timeline(query.from, query.to, limit, caller)
         .await?;
     Ok(HttpResponse::Ok().json(leases))
 }
