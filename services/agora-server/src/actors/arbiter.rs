@@ -8,7 +8,7 @@
 //! of truth. The arbiter then stops (see [`Arbiter::lost_commit`]) and the service with it, so
 //! that a restart restores the state from Postgres.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -287,10 +287,7 @@ impl Arbiter {
 
     fn after_commit(&mut self, commit: &Commit) {
         metrics().observe_capacity(&self.market);
-        let told: BTreeSet<i64> = commit.events.iter().map(|event| event.app).collect();
-        for app in told {
-            self.notices.announce(app);
-        }
+        self.notices.announce_commit(commit);
         for granted in &commit.granted {
             self.schedule(granted.end, Timer::LeaseEnd);
             for gpu in &granted.gpus {

@@ -5,6 +5,7 @@ mod apps;
 pub mod body;
 mod dashboard;
 mod events;
+mod follow;
 mod market;
 mod metrics;
 pub mod problem;
