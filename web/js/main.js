@@ -16,6 +16,9 @@ let context = null; // { me, admin, appsById }
 let view = null; // what the open view's show() returned: { update(round) }
 let stopStream = null;
 let navigations = 0; // counts route() calls, so that only the latest one's view goes live
+// Rounds streamed while a view loads: its data may predate them, so it gets them once shown.
+let missed = [];
+const MISSED_LIMIT = 200;
 
 /** The caller and the apps it may see, re-read so new and finished apps show up. */
 async function loadContext() {
@@ -96,7 +99,12 @@ function setLive(state) {
 
 let refreshTimer = null;
 function onRound(type, round) {
-  if (type !== 'round' || !view) return;
+  if (type !== 'round') return;
+  if (!view) {
+    missed.push(round);
+    if (missed.length > MISSED_LIMIT) missed.shift();
+    return;
+  }
   if (view.live) return view.update(round);
   if (refreshTimer) return;
   refreshTimer = setTimeout(() => {
@@ -122,6 +130,7 @@ async function route(moveFocus) {
   const container = document.createElement('div');
   document.getElementById('view').replaceChildren(container);
   view = null;
+  missed = []; // the new view's data covers every round decided before it loads
   let shown = null;
   try {
     shown = await show(container, context, param ? Number(param) : null);
@@ -132,6 +141,9 @@ async function route(moveFocus) {
   }
   if (navigation !== navigations) return;
   view = shown;
+  const streamed = missed;
+  missed = [];
+  if (view) for (const round of streamed) onRound('round', round);
   if (moveFocus) container.querySelector('h2')?.focus();
 }
 

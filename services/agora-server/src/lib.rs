@@ -13,4 +13,5 @@ pub mod notices;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod visibility;
 pub mod why;

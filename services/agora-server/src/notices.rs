@@ -1,102 +1,122 @@
-//! Who is waiting for news of which app. After each commit the arbiter announces the apps that
-//! have new events (in `app_events`); a follower of one app (a long-poll, an event stream)
-//! wakes only for its app, and the dashboard's round stream hears every announcement. The
-//! news itself is always read from the database, so a missed wake-up costs latency, not events.
+//! Who is waiting for news of what. After each commit the arbiter announces what it changed:
+//! each app with new events (in `app_events`), and the rounds, when one was decided. A
+//! follower (an app's long-poll or event stream, the dashboard's rounds stream; see
+//! `api/follow.rs`) wakes only for its topic. The news itself is always read from the
+//! database, so a missed wake-up costs latency, not events.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 
-#[derive(Debug)]
-pub struct Notices {
-    any: broadcast::Sender<i64>,
-    apps: Mutex<HashMap<i64, watch::Sender<()>>>,
+use crate::store::Commit;
+
+/// What a follower waits for news of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Topic {
+    /// New events of this app.
+    App(i64),
+    /// A round was decided (closed or abandoned).
+    Rounds,
 }
 
-impl Default for Notices {
-    fn default() -> Self {
-        Self {
-            any: broadcast::channel(1024).0,
-            apps: Mutex::default(),
-        }
-    }
+#[derive(Debug, Default)]
+pub struct Notices {
+    topics: Mutex<HashMap<Topic, watch::Sender<()>>>,
 }
 
 impl Notices {
-    /// `app` has new events.
-    pub fn announce(&self, app: i64) {
-        // No listener is not an error: the events wait in the database.
-        let _ = self.any.send(app);
-        let mut apps = self
-            .apps
+    /// Announces what `commit`, now durable, changed.
+    pub fn announce_commit(&self, commit: &Commit) {
+        let apps: BTreeSet<i64> = commit.events.iter().map(|event| event.app).collect();
+        for app in apps {
+            self.announce(Topic::App(app));
+        }
+        if commit.closed_round.is_some() || !commit.abandoned_rounds.is_empty() {
+            self.announce(Topic::Rounds);
+        }
+    }
+
+    /// `topic` has news.
+    pub fn announce(&self, topic: Topic) {
+        let mut topics = self
+            .topics
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(followers) = apps.get(&app) {
+        // No follower is not an error: the news waits in the database.
+        if let Some(followers) = topics.get(&topic) {
             if followers.receiver_count() == 0 {
-                apps.remove(&app);
+                topics.remove(&topic);
             } else {
                 followers.send_replace(());
             }
         }
     }
 
-    /// Wakes (`changed()`) at the next announcement for `app` after this call.
-    pub fn follow(&self, app: i64) -> watch::Receiver<()> {
-        let mut apps = self
-            .apps
+    /// Wakes (`changed()`) at the next announcement of `topic` after this call.
+    pub fn follow(&self, topic: Topic) -> watch::Receiver<()> {
+        let mut topics = self
+            .topics
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        apps.entry(app)
+        topics
+            .entry(topic)
             .or_insert_with(|| watch::channel(()).0)
             .subscribe()
-    }
-
-    /// Every announcement, for any app.
-    pub fn subscribe_all(&self) -> broadcast::Receiver<i64> {
-        self.any.subscribe()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
-    async fn woken(follower: &mut watch::Receiver<()>) -> bool {
-        tokio::time::timeout(Duration::from_millis(50), follower.changed())
-            .await
-            .is_ok()
+    fn woken(follower: &mut watch::Receiver<()>) -> bool {
+        follower.has_changed().expect("the notices are alive")
     }
 
-    #[tokio::test]
-    async fn a_follower_wakes_for_its_app_only() {
+    #[test]
+    fn a_follower_wakes_for_its_topic_only() {
         let notices = Notices::default();
-        let mut first = notices.follow(1);
-        let mut second = notices.follow(2);
-        let mut everything = notices.subscribe_all();
-        notices.announce(1);
-        assert!(woken(&mut first).await);
-        assert!(!woken(&mut second).await);
-        assert_eq!(everything.recv().await.expect("announced"), 1);
+        let mut first = notices.follow(Topic::App(1));
+        let mut second = notices.follow(Topic::App(2));
+        let mut rounds = notices.follow(Topic::Rounds);
+        notices.announce(Topic::App(1));
+        assert!(woken(&mut first));
+        assert!(!woken(&mut second));
+        assert!(!woken(&mut rounds));
     }
 
-    #[tokio::test]
-    async fn an_announcement_before_following_does_not_wake() {
+    #[test]
+    fn an_announcement_before_following_does_not_wake() {
         let notices = Notices::default();
-        notices.announce(3);
-        let mut follower = notices.follow(3);
-        assert!(!woken(&mut follower).await);
-        notices.announce(3);
-        assert!(woken(&mut follower).await);
+        notices.announce(Topic::App(3));
+        let mut follower = notices.follow(Topic::App(3));
+        assert!(!woken(&mut follower));
+        notices.announce(Topic::App(3));
+        assert!(woken(&mut follower));
     }
 
-    #[tokio::test]
-    async fn apps_nobody_follows_are_forgotten() {
+    #[test]
+    fn topics_nobody_follows_are_forgotten() {
         let notices = Notices::default();
-        drop(notices.follow(4));
-        notices.announce(4);
-        assert!(notices.apps.lock().expect("not poisoned").is_empty());
+        drop(notices.follow(Topic::App(4)));
+        notices.announce(Topic::App(4));
+        assert!(notices.topics.lock().expect("not poisoned").is_empty());
+    }
+
+    #[test]
+    fn a_commit_wakes_its_apps_and_the_rounds_only_when_a_round_was_decided() {
+        let notices = Notices::default();
+        let mut app = notices.follow(Topic::App(5));
+        let mut rounds = notices.follow(Topic::Rounds);
+        notices.announce_commit(&Commit::default());
+        assert!(!woken(&mut app) && !woken(&mut rounds));
+        let abandoned = Commit {
+            abandoned_rounds: vec![9],
+            ..Commit::default()
+        };
+        notices.announce_commit(&abandoned);
+        assert!(!woken(&mut app));
+        assert!(woken(&mut rounds));
     }
 }

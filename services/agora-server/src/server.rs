@@ -41,6 +41,8 @@ pub struct Running {
     pub http: ServerHandle,
     pub store: Store,
     pub leadership: Leadership,
+    /// The bearer tokens the API remembers.
+    pub tokens: Arc<api::Tokens>,
     /// Why this arbiter must stop: its decision refused by the database, its lead lost, or its
     /// takeover failed.
     failures: mpsc::UnboundedReceiver<String>,
@@ -94,7 +96,8 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
         tokens: Arc::default(),
         clock: clock.clone(),
     };
-    let token_changes = actix_web::rt::spawn(state.tokens.clone().follow_changes(store.clone()));
+    let tokens = state.tokens.clone();
+    let token_changes = actix_web::rt::spawn(tokens.clone().follow_changes(store.clone()));
     let auditor_watch = actix_web::rt::spawn(watch_auditors(
         store.clone(),
         config.auditor_statement_timeout(),
@@ -124,6 +127,7 @@ pub async fn start(config: &ServerConfig, clock: Arc<dyn Clock>) -> anyhow::Resu
         http,
         store,
         leadership,
+        tokens,
         failures,
         succession,
         token_changes,

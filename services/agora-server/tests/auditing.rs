@@ -7,11 +7,12 @@ mod support;
 use std::time::Duration;
 
 use agora_server::audit::replay_round;
-use agora_server::demo::DemoOptions;
+use agora_server::clock::Clock as _;
+use agora_server::demo::{Demo, DemoOptions};
 use agora_server::store::Store;
 use sqlx::postgres::PgRow;
 use sqlx::{Connection, PgConnection, Row};
-use support::{active, config, fresh_database, serve, start_clock, Service};
+use support::{active, config, fresh_database, serve, start_clock, Changes, Service};
 
 /// The ```sql blocks of docs/auditing.md.
 fn documented_queries() -> Vec<String> {
@@ -152,14 +153,12 @@ async fn every_round_of_a_demo_run_replays_exactly_with_only_the_auditors_rights
     agora_server::demo::adjust(&mut settings).expect("demo settings");
     let service = serve(&settings, start_clock()).await;
     let clock = std::sync::Arc::new(service.clock.clone());
-    let tokens_file =
-        std::env::temp_dir().join(format!("agora-demo-tokens-{}", std::process::id()));
-    agora_server::demo::start(
-        &service.running,
-        &settings,
+    let mut demo = Demo::new(
+        service.base.clone(),
+        support::ADMIN.to_owned(),
         clock,
         DemoOptions::default(),
-        &tokens_file,
+        None,
     )
     .await
     .expect("the demo starts");
@@ -167,14 +166,16 @@ async fn every_round_of_a_demo_run_replays_exactly_with_only_the_auditors_rights
     // The demo's apps bid and report progress over HTTP; leases expiring (on the manual
     // clock) start round after round.
     let store = &service.running.store;
+    let mut changes = Changes::watch(&database).await;
     let mut rounds = Vec::new();
     for _ in 0..120 {
         rounds = store.closed_round_ids().await.expect("rounds");
         if rounds.len() >= 6 {
             break;
         }
+        demo.step().await;
         service.clock.advance(Duration::from_secs(15));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        changes.settled(service.clock.now()).await;
     }
     assert!(
         rounds.len() >= 6,

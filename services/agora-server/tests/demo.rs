@@ -19,28 +19,6 @@ const TESTBED: &str = concat!(
 );
 const GPUS: i64 = 64;
 
-/// Waits until the service has acted on everything due at the clock's time: no active lease
-/// past its end, no round still open past its deadline.
-async fn settled(database: &mut PgConnection, service: &Service) {
-    let now = to_datetime(service.clock.now());
-    for _ in 0..2_000 {
-        let (behind,): (bool,) = sqlx::query_as(
-            "SELECT EXISTS (SELECT 1 FROM leases WHERE state = 'active' AND end_at <= $1)
-                 OR EXISTS (SELECT 1 FROM rounds WHERE status = 'open' AND deadline <= $1)",
-        )
-        .bind(now)
-        .fetch_one(&mut *database)
-        .await
-        .expect("query");
-        if !behind {
-            return;
-        }
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    panic!("the service never caught up with the clock at {now}");
-}
-
 #[actix_web::test]
 async fn after_ten_minutes_of_demo_rounds_still_come_every_few_seconds_with_several_bidders() {
     let database_url = fresh_database().await;
@@ -68,10 +46,11 @@ async fn after_ten_minutes_of_demo_rounds_still_come_every_few_seconds_with_seve
     .await
     .expect("demo starts");
     let mut database = PgConnection::connect(&database_url).await.expect("connect");
+    let mut changes = Changes::watch(&database_url).await;
     for _ in 0..600 {
         demo.step().await;
         clock.advance(Duration::from_secs(1));
-        settled(&mut database, &service).await;
+        changes.settled(clock.now()).await;
     }
     let end = to_datetime(clock.now());
     let last_minute = end - chrono::Duration::seconds(60);

@@ -11,9 +11,11 @@ use std::time::Duration;
 use agora_server::telemetry::{install, Exporters, LogSettings, Telemetry};
 use opentelemetry::trace::{SpanId, TraceId};
 use opentelemetry::Value;
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData, SpanExporter};
 use serde_json::{json, Value as Json};
 use support::{active, config, fresh_database, serve, start_clock, Service};
+use tokio::sync::watch;
 
 /// The caller's trace context sent with a progress report (W3C's example ids).
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -45,10 +47,6 @@ struct Scrape {
 }
 
 impl Scrape {
-    fn has(&self, series: &str, value: f64) -> bool {
-        self.samples.get(series) == Some(&value)
-    }
-
     fn value(&self, series: &str) -> f64 {
         *self
             .samples
@@ -71,8 +69,43 @@ fn observed() -> &'static Observed {
     OBSERVED.get_or_init(|| actix_web::rt::System::new().block_on(scenario()))
 }
 
+/// The finished spans, kept in memory, and a signal each time some are exported.
+#[derive(Debug, Clone, Default)]
+struct Spans {
+    finished: InMemorySpanExporter,
+    exported: watch::Sender<()>,
+}
+
+impl SpanExporter for Spans {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let result = self.finished.export(batch).await;
+        self.exported.send_replace(());
+        result
+    }
+}
+
+impl Spans {
+    /// The finished spans once round `round`'s trace has ended: its root span closes after
+    /// the arbiter has done everything the round's commit entails, metrics included.
+    async fn after_round(&self, round: i64) -> Vec<SpanData> {
+        let mut exported = self.exported.subscribe();
+        loop {
+            let spans = self.finished.get_finished_spans().expect("spans");
+            if spans.iter().any(|span| {
+                span.name == "auction_round" && attribute(span, "round") == Some(round.into())
+            }) {
+                return spans;
+            }
+            tokio::time::timeout(Duration::from_secs(30), exported.changed())
+                .await
+                .unwrap_or_else(|_| panic!("round {round}'s trace never ended"))
+                .expect("the exporter lives");
+        }
+    }
+}
+
 async fn scenario() -> Observed {
-    let spans = InMemorySpanExporter::default();
+    let spans = Spans::default();
     let traces = SdkTracerProvider::builder()
         .with_simple_exporter(spans.clone())
         .build();
@@ -124,11 +157,10 @@ async fn scenario() -> Observed {
         );
     }
 
-    let metrics_after_round_3 = scrape_until(&service, |scrape| {
-        scrape.has("agora_round_duration_seconds_count", closed_rounds as f64)
-            && scrape.has("agora_leases_active", active_leases as f64)
-    })
-    .await;
+    spans
+        .after_round(offer["round"].as_i64().expect("round 3"))
+        .await;
+    let metrics_after_round_3 = scrape(&service).await;
 
     // A progress report joins the caller's trace, through the arbiter's commit.
     let traceparent = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
@@ -165,12 +197,15 @@ async fn scenario() -> Observed {
         )
         .await;
     assert_eq!(status, 200, "{body}");
+    let lease = active(&leases)[0]["id"].clone();
     service.clock.advance(Duration::from_secs(31));
-    // The arbiter records the revocation after round 4, whose records it has then made too.
-    let metrics_at_end = scrape_until(&service, |scrape| {
-        scrape.has("agora_revocations_total", 1.0)
-    })
-    .await;
+    // The arbiter counts a revocation as it decides it, before the commit that tells C.
+    service
+        .wait_for_event(&token, c, |event| {
+            event["kind"] == "lease_ended" && event["payload"]["lease"] == lease
+        })
+        .await;
+    let metrics_at_end = scrape(&service).await;
     let closed_rounds_at_end = count_closed_rounds(&service, &token).await;
     let (status, detail) = service
         .call(
@@ -192,7 +227,7 @@ async fn scenario() -> Observed {
         })
         .map(|allocation| allocation["app_id"].to_string())
         .collect();
-    let spans = wait_for_spans(&spans, contested_round).await;
+    let spans = spans.after_round(contested_round).await;
     service.running.stop().await;
     Observed {
         _telemetry: telemetry,
@@ -254,21 +289,6 @@ async fn count_closed_rounds(service: &Service, token: &str) -> usize {
         .count()
 }
 
-/// `/metrics` once `ready` holds: the arbiter records after its commit, which the API may
-/// see first.
-async fn scrape_until(service: &Service, ready: impl Fn(&Scrape) -> bool) -> Scrape {
-    let mut last = None;
-    for _ in 0..200 {
-        let scrape = scrape(service).await;
-        if ready(&scrape) {
-            return scrape;
-        }
-        last = Some(scrape.samples);
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the metrics never reached the expected state; last scrape: {last:?}");
-}
-
 async fn scrape(service: &Service) -> Scrape {
     let mut response = service
         .client
@@ -297,21 +317,6 @@ async fn scrape(service: &Service) -> Scrape {
         content_type,
         samples,
     }
-}
-
-/// The finished spans, once the contested round's trace has ended (its root span closes after
-/// the commit the API already sees).
-async fn wait_for_spans(exporter: &InMemorySpanExporter, round: i64) -> Vec<SpanData> {
-    for _ in 0..200 {
-        let spans = exporter.get_finished_spans().expect("spans");
-        if spans.iter().any(|span| {
-            span.name == "auction_round" && attribute(span, "round") == Some(round.into())
-        }) {
-            return spans;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("round {round}'s trace never ended");
 }
 
 fn attribute(span: &SpanData, key: &str) -> Option<Value> {

@@ -12,8 +12,11 @@
 //! cover. The rule is the same for every GPU of the host, whatever the lease's mode.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future as _;
 use std::os::unix::process::ExitStatusExt as _;
+use std::pin::pin;
 use std::process::{ExitStatus, Stdio};
+use std::task::Poll;
 
 use agora_protocol::{Enforcement, HostLease, LeaseExit, Violation};
 use chrono::{DateTime, TimeDelta, Utc};
@@ -94,6 +97,24 @@ impl Enforcer {
     /// the lease's grace. Call [`Enforcer::tick`] until [`Enforcer::has_running`] is false.
     pub fn end_all(&mut self, now: DateTime<Utc>) {
         self.apply(&[], now);
+    }
+
+    /// Waits until a launched command ends (at once when none runs); the next
+    /// [`Enforcer::tick`] collects how it ended.
+    pub async fn command_ended(&mut self) {
+        std::future::poll_fn(|context| {
+            let ended = self.running.is_empty()
+                || self
+                    .running
+                    .values_mut()
+                    .any(|launched| pin!(launched.child.wait()).poll(context).is_ready());
+            if ended {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
     }
 
     /// Exits not yet delivered, to put in the next heartbeat.

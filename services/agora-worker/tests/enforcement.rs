@@ -1,6 +1,8 @@
 //! Lease enforcement with real child processes. The lease clock is injected (signals are due
-//! when the test says the time has come); only process start-up and exit take real time.
-//! Each command touches a file once it is ready, so no signal races its start.
+//! when the test says the time has come); only process start-up and exit take real time, and
+//! the tests wait for them, never a fixed time: each command writes to a named pipe once it
+//! is ready (the test's read returns then), so no signal races its start, and a command's end
+//! wakes [`Enforcer::command_ended`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,6 +29,17 @@ impl Scratch {
 
     fn file(&self, name: &str) -> PathBuf {
         self.0.join(name)
+    }
+
+    /// A named pipe: a command writes to it, and [`read_line`] returns what it wrote.
+    fn pipe(&self, name: &str) -> PathBuf {
+        let pipe = self.file(name);
+        let made = std::process::Command::new("mkfifo")
+            .arg(&pipe)
+            .status()
+            .expect("mkfifo runs");
+        assert!(made.success(), "mkfifo {}", pipe.display());
+        pipe
     }
 }
 
@@ -60,48 +73,55 @@ fn path(file: &Path) -> &str {
     file.to_str().expect("temporary paths are UTF-8")
 }
 
-/// Waits (real time) until `file` exists.
-async fn wait_for_file(file: &Path) {
-    for _ in 0..1000 {
-        if file.exists() {
-            return;
-        }
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!(
-        "{} never appeared: the command did not start",
-        file.display()
-    );
+/// What a command writes to `pipe`, once it has written and closed it.
+async fn read_line(pipe: &Path) -> String {
+    let pipe = pipe.to_owned();
+    let read = actix_rt::task::spawn_blocking(move || std::fs::read_to_string(pipe));
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("the command never wrote to its pipe")
+        .expect("the reader ran")
+        .expect("the pipe is readable")
+        .trim()
+        .to_owned()
 }
 
 /// Ticks at `now` until a command has ended, and returns its exit.
 async fn wait_for_exit(enforcer: &mut Enforcer, now: DateTime<Utc>) -> LeaseExit {
-    for _ in 0..1000 {
+    loop {
         enforcer.tick(now);
         if let Some(exit) = enforcer.undelivered_exits().pop() {
             return exit;
         }
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
+        assert!(enforcer.has_running(), "no command runs and none ended");
+        tokio::time::timeout(Duration::from_secs(30), enforcer.command_ended())
+            .await
+            .expect("the command never ended");
     }
-    panic!("the command never ended");
 }
 
 #[actix_rt::test]
 async fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
     let scratch = Scratch::new("stubborn");
-    let ready = scratch.file("ready");
+    let (ready, termed) = (scratch.pipe("ready"), scratch.pipe("termed"));
+    // SIGTERM ends the background `sleep`; the shell notes it and goes on with another. The
+    // first `sleep` starts before the shell is ready: a SIGTERM that arrives while dash forks
+    // can be lost, its trap never run.
     let lease = launch_lease(
         7,
-        &format!("trap '' TERM; touch {}; sleep 60", path(&ready)),
+        &format!(
+            "trap 'echo termed > {}' TERM; sleep 60 & echo ready > {}; wait; sleep 60",
+            path(&termed),
+            path(&ready)
+        ),
     );
     let mut enforcer = Enforcer::default();
     enforcer.apply(std::slice::from_ref(&lease), start());
-    wait_for_file(&ready).await;
+    assert_eq!(read_line(&ready).await, "ready");
 
     let grace_starts = lease.end_at - TimeDelta::seconds(30);
     enforcer.tick(grace_starts);
-    // SIGTERM is ignored: the command is still there a moment later.
-    actix_rt::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(read_line(&termed).await, "termed");
     enforcer.tick(grace_starts);
     assert!(enforcer.has_running());
     assert!(enforcer.undelivered_exits().is_empty());
@@ -121,11 +141,11 @@ async fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
 #[actix_rt::test]
 async fn a_well_behaved_command_ends_on_sigterm() {
     let scratch = Scratch::new("polite");
-    let ready = scratch.file("ready");
-    let lease = launch_lease(8, &format!("touch {}; sleep 60", path(&ready)));
+    let ready = scratch.pipe("ready");
+    let lease = launch_lease(8, &format!("echo ready > {}; sleep 60", path(&ready)));
     let mut enforcer = Enforcer::default();
     enforcer.apply(std::slice::from_ref(&lease), start());
-    wait_for_file(&ready).await;
+    read_line(&ready).await;
 
     let exit = wait_for_exit(&mut enforcer, lease.end_at - TimeDelta::seconds(30)).await;
     assert_eq!(
@@ -178,11 +198,11 @@ async fn the_command_sees_the_lease_gpus_and_env_and_its_exit_is_reported_once()
 #[actix_rt::test]
 async fn a_revoked_lease_is_ended_at_its_new_end() {
     let scratch = Scratch::new("revoked");
-    let ready = scratch.file("ready");
-    let mut lease = launch_lease(10, &format!("touch {}; sleep 60", path(&ready)));
+    let ready = scratch.pipe("ready");
+    let mut lease = launch_lease(10, &format!("echo ready > {}; sleep 60", path(&ready)));
     let mut enforcer = Enforcer::default();
     enforcer.apply(std::slice::from_ref(&lease), start());
-    wait_for_file(&ready).await;
+    read_line(&ready).await;
 
     // The arbiter moves the end to one minute in: SIGTERM is due 30 s before that.
     lease.end_at = start() + TimeDelta::minutes(1);
@@ -195,11 +215,11 @@ async fn a_revoked_lease_is_ended_at_its_new_end() {
 #[actix_rt::test]
 async fn a_lease_missing_from_the_reply_is_over_now() {
     let scratch = Scratch::new("vanished");
-    let ready = scratch.file("ready");
-    let lease = launch_lease(11, &format!("touch {}; sleep 60", path(&ready)));
+    let ready = scratch.pipe("ready");
+    let lease = launch_lease(11, &format!("echo ready > {}; sleep 60", path(&ready)));
     let mut enforcer = Enforcer::default();
     enforcer.apply(std::slice::from_ref(&lease), start());
-    wait_for_file(&ready).await;
+    read_line(&ready).await;
 
     let now = start() + TimeDelta::seconds(5);
     enforcer.apply(&[], now);

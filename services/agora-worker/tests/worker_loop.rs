@@ -3,7 +3,6 @@
 //! arbiter forgets the host, launches a lease's command and reports its exit. (The real
 //! arbiter is exercised by services/agora-cli/tests/workers.rs.)
 
-use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,7 +39,20 @@ struct Seen {
     bad_tokens: usize,
 }
 
-type Shared = Arc<Mutex<Seen>>;
+/// What the scripted arbiter has seen, and a signal at each heartbeat.
+#[derive(Default)]
+struct Arbiter {
+    seen: Mutex<Seen>,
+    heartbeats: tokio::sync::watch::Sender<()>,
+}
+
+impl Arbiter {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().expect("lock")
+    }
+}
+
+type Shared = Arc<Arbiter>;
 
 fn authorised(request: &HttpRequest, seen: &Shared) -> bool {
     let ok = request
@@ -49,7 +61,7 @@ fn authorised(request: &HttpRequest, seen: &Shared) -> bool {
         .and_then(|value| value.to_str().ok())
         == Some(&format!("Bearer {TOKEN}"));
     if !ok {
-        seen.lock().expect("lock").bad_tokens += 1;
+        seen.lock().bad_tokens += 1;
     }
     ok
 }
@@ -63,10 +75,7 @@ async fn register(
         return HttpResponse::Unauthorized().finish();
     }
     let host = body.host.clone();
-    seen.lock()
-        .expect("lock")
-        .registrations
-        .push(body.into_inner());
+    seen.lock().registrations.push(body.into_inner());
     HttpResponse::Created().json(Registered {
         host,
         heartbeat_interval_ms: 50,
@@ -82,8 +91,10 @@ async fn heartbeat(
     if !authorised(&request, &seen) {
         return HttpResponse::Unauthorized().finish();
     }
-    let mut seen = seen.lock().expect("lock");
+    let arbiter = seen;
+    let mut seen = arbiter.lock();
     seen.heartbeats.push(body.into_inner());
+    arbiter.heartbeats.send_replace(());
     if seen.heartbeats.len() == 1 {
         return HttpResponse::NotFound().finish();
     }
@@ -105,17 +116,14 @@ async fn heartbeat(
     })
 }
 
-/// A loopback port nothing listens on (yet).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 #[actix_rt::test]
 async fn the_worker_registers_heartbeats_re_registers_and_reports_exits() {
-    let port = free_port();
+    // The arbiter is down at first: the worker's first attempt finds the connection closed,
+    // and it tries again.
+    let down = actix_rt::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let port = down.local_addr().expect("bound").port();
     let backend = SimulatedBackend::from_toml(HOST, "gpu-host-1").expect("valid topology");
     let worker = Worker::new(WorkerConfig {
         arbiter: format!("http://127.0.0.1:{port}/"),
@@ -132,8 +140,11 @@ async fn the_worker_registers_heartbeats_re_registers_and_reports_exits() {
         let _ = stopped.await;
     }));
 
-    // The arbiter is down for a moment: the worker keeps retrying.
-    actix_rt::time::sleep(Duration::from_millis(700)).await;
+    let (refused, _) = tokio::time::timeout(Duration::from_secs(30), down.accept())
+        .await
+        .expect("the worker tries to register")
+        .expect("a connection");
+    drop((refused, down));
     let seen: Shared = Arc::default();
     let data = web::Data::new(seen.clone());
     let server = HttpServer::new(move || {
@@ -156,11 +167,12 @@ async fn the_worker_registers_heartbeats_re_registers_and_reports_exits() {
             .find(|exit| exit.lease_id == 5)
             .cloned()
     };
-    for _ in 0..500 {
-        if reported_exit(&seen.lock().expect("lock")).is_some() {
-            break;
-        }
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    let mut heartbeats = seen.heartbeats.subscribe();
+    while reported_exit(&seen.lock()).is_none() {
+        tokio::time::timeout(Duration::from_secs(30), heartbeats.changed())
+            .await
+            .expect("the worker goes on heartbeating")
+            .expect("the arbiter lives");
     }
     stop.send(()).expect("the worker is running");
     running
@@ -169,7 +181,7 @@ async fn the_worker_registers_heartbeats_re_registers_and_reports_exits() {
         .expect("the worker stops cleanly");
     server_handle.stop(true).await;
 
-    let seen = seen.lock().expect("lock");
+    let seen = seen.lock();
     assert_eq!(seen.bad_tokens, 0);
     // Registered, forgotten at the first heartbeat, registered again.
     assert_eq!(seen.registrations.len(), 2);

@@ -11,7 +11,7 @@
 //! state machine halts, the arbiter stops and the service with it, so that a restart restores
 //! the state from Postgres.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -383,10 +383,7 @@ impl Arbiter {
 
     fn after_commit(&mut self, commit: &Commit) {
         metrics().observe_capacity(self.market());
-        let told: BTreeSet<i64> = commit.events.iter().map(|event| event.app).collect();
-        for app in told {
-            self.notices.announce(app);
-        }
+        self.notices.announce_commit(commit);
         for granted in &commit.granted {
             for gpu in &granted.gpus {
                 let (lease, app) = (granted.id, granted.app);

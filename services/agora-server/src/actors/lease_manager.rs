@@ -95,10 +95,11 @@ impl Handler<super::Shutdown> for LeaseManager {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use std::sync::Mutex;
+    use tokio::sync::mpsc;
 
-    #[derive(Debug, Default)]
-    struct Recorder(Arc<Mutex<Vec<(Timer, Timestamp)>>>);
+    /// Passes on every timer that fired, as it arrives.
+    #[derive(Debug)]
+    struct Recorder(mpsc::UnboundedSender<(Timer, Timestamp)>);
 
     impl Actor for Recorder {
         type Context = Context<Self>;
@@ -107,18 +108,24 @@ mod tests {
     impl Handler<TimerFired> for Recorder {
         type Result = ();
         fn handle(&mut self, fired: TimerFired, _: &mut Self::Context) {
-            self.0
-                .lock()
-                .expect("not poisoned")
-                .push((fired.timer, fired.now));
+            let _ = self.0.send((fired.timer, fired.now));
         }
+    }
+
+    async fn next_fired(
+        fired: &mut mpsc::UnboundedReceiver<(Timer, Timestamp)>,
+    ) -> (Timer, Timestamp) {
+        tokio::time::timeout(Duration::from_secs(30), fired.recv())
+            .await
+            .expect("a timer fires")
+            .expect("the recorder runs")
     }
 
     #[actix::test]
     async fn timers_fire_once_when_the_clock_passes_them_in_order() {
         let clock = ManualClock::starting_at(Timestamp(0));
-        let fired = Arc::new(Mutex::new(Vec::new()));
-        let recorder = Recorder(fired.clone()).start();
+        let (sender, mut fired) = mpsc::unbounded_channel();
+        let recorder = Recorder(sender).start();
         let manager = LeaseManager::start_on_own_thread(
             Arc::new(clock.clone()),
             Duration::from_millis(5),
@@ -133,21 +140,18 @@ mod tests {
                 .await
                 .expect("running");
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(
-            fired.lock().expect("not poisoned").is_empty(),
-            "nothing is due at t=0"
-        );
-
-        clock.advance(Duration::from_millis(2_500));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let fired = fired.lock().expect("not poisoned").clone();
+        // Whatever fires first shows the time it fired at: a timer fired before its time
+        // (at t=0) would show here.
+        clock.advance(Duration::from_millis(1_500));
         assert_eq!(
-            fired,
-            vec![
-                (Timer::LeaseEnd, Timestamp(2_500)),
-                (Timer::RoundDeadline(7), Timestamp(2_500))
-            ]
+            next_fired(&mut fired).await,
+            (Timer::LeaseEnd, Timestamp(1_500))
         );
+        clock.advance(Duration::from_millis(1_000));
+        assert_eq!(
+            next_fired(&mut fired).await,
+            (Timer::RoundDeadline(7), Timestamp(2_500))
+        );
+        assert!(fired.try_recv().is_err(), "each timer fires once");
     }
 }

@@ -24,6 +24,7 @@ use crate::store::{
     app_id, app_key, AppInsert, BidInsert, Commit, EventPayload, NewApp, NewBid, OperatorAction,
     ProgressSample, RevocationNoticeEvent,
 };
+use crate::visibility::Caller;
 
 fn refuse<T: 'static>(error: ArbiterError) -> Reply<T> {
     Box::pin(actix::fut::ready(Err(error)))
@@ -37,9 +38,10 @@ impl Arbiter {
             .members
             .get(&id)
             .ok_or(ArbiterError::AppNotActive(app))?;
-        match tenant {
-            Some(tenant) if tenant != member.tenant => Err(ArbiterError::ForeignApp(app)),
-            _ => Ok(id),
+        if Caller::from_tenant(tenant).sees(member.tenant) {
+            Ok(id)
+        } else {
+            Err(ArbiterError::ForeignApp(app))
         }
     }
 }

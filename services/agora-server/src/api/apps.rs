@@ -99,7 +99,7 @@ pub async fn list_apps(
     state: web::Data<ApiState>,
     caller: Caller,
 ) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(state.store.apps_of(caller.tenant()).await?))
+    Ok(HttpResponse::Ok().json(state.store.apps_of(caller).await?))
 }
 
 #[utoipa::path(get, path = "/v1/apps/{app}", params(("app" = i64, Path)),

@@ -5,35 +5,26 @@
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
-use std::time::Duration;
 
 use actix_web::http::header;
 use actix_web::middleware::Compress;
-use actix_web::web::Bytes;
 use actix_web::{get, web, HttpRequest, HttpResponse};
 use agora_market::rho::RhoSpread;
 use chrono::{DateTime, Utc};
-use futures_util::stream as streams;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
-use tokio::sync::broadcast::{self, error::RecvError};
 use utoipa::{IntoParams, ToSchema};
 
+use super::follow::{Feed, Follower};
 use super::problem::{ApiError, ErrorCode, Problem};
 use super::{owned_app, ApiState, Caller};
 use crate::clock::to_datetime;
+use crate::notices::Topic;
 use crate::store::{
     AppRound, FairnessApp, FairnessHistory, FairnessInputs, GpuCounts, HistoryRange, RhoPoint,
-    RoundSummary, Store, TimelineLease, VisibleApp,
+    RoundSummary, Store, StoreError, TimelineLease, VisibleApp,
 };
 
-/// Rounds per SSE chunk.
-const PAGE: i64 = 100;
-/// A comment line this often keeps proxies from closing an idle stream.
-const KEEPALIVE: Duration = Duration::from_secs(15);
-/// How often the stream looks at the rounds table when no app event woke it: a round that
-/// gave nobody anything notifies no app.
-const RECHECK: Duration = Duration::from_secs(1);
 /// The longest lease timeline one request may ask for.
 const MAX_WINDOW: chrono::TimeDelta = chrono::TimeDelta::days(7);
 
@@ -81,7 +72,7 @@ pub async fn me(state: web::Data<ApiState>, caller: Caller) -> Result<HttpRespon
         .to_owned(),
         tenant_id: caller.tenant(),
         tenant,
-        apps: state.store.visible_apps(caller.tenant()).await?,
+        apps: state.store.visible_apps(caller).await?,
     }))
 }
 
@@ -232,7 +223,7 @@ pub async fn fairness(
     state: web::Data<ApiState>,
     caller: Caller,
 ) -> Result<HttpResponse, ApiError> {
-    let inputs = state.store.fairness_inputs(caller.tenant()).await?;
+    let inputs = state.store.fairness_inputs(caller).await?;
     Ok(HttpResponse::Ok().json(FairnessSummary::new(inputs)))
 }
 
@@ -266,7 +257,7 @@ pub async fn lease_timeline(
     let limit = super::bounded_limit(query.limit, 2000, 10_000)?;
     let leases = state
         .store
-        .lease_timeline(query.from, query.to, limit, caller.tenant())
+        .lease_timeline(query.from, query.to, limit, caller)
         .await?;
     Ok(HttpResponse::Ok().json(leases))
 }
@@ -294,64 +285,28 @@ pub async fn round_events(
     let last_event_id = super::last_event_id(&request)?;
     // Only the leader's notices tell a follower of new rounds.
     state.require_leader().await?;
-    let follower = RoundFollower {
-        store: state.store.clone(),
-        notices: state.notices.subscribe_all(),
-        after: last_event_id.or(query.after).unwrap_or(0),
-    };
-    let chunks = streams::unfold(follower, |mut follower| async move {
-        let chunk = follower.next_chunk().await;
-        Some((Ok::<_, actix_web::Error>(chunk), follower))
-    });
-    Ok(HttpResponse::Ok()
-        .content_type("text/event-stream")
-        .insert_header((header::CACHE_CONTROL, "no-cache"))
-        .streaming(chunks))
+    let after = last_event_id.or(query.after).unwrap_or(0);
+    let feed = DecidedRounds(state.store.clone());
+    Ok(Follower::new(feed, state.notices.follow(Topic::Rounds), after).into_event_stream())
 }
 
-/// Follows the rounds table: reads it when an app event (every round result is one) wakes it,
-/// and every [`RECHECK`] in case a round notified nobody.
-struct RoundFollower {
-    store: Store,
-    notices: broadcast::Receiver<i64>,
-    after: i64,
-}
+/// Decided rounds, from the `round_summary` view.
+struct DecidedRounds(Store);
 
-impl RoundFollower {
-    /// The next SSE chunk: decided rounds, or a keep-alive comment after [`KEEPALIVE`].
-    async fn next_chunk(&mut self) -> Bytes {
-        let keepalive = tokio::time::Instant::now() + KEEPALIVE;
-        loop {
-            match self.store.decided_rounds_after(self.after, PAGE).await {
-                Ok(rounds) if !rounds.is_empty() => return self.frames(&rounds),
-                Ok(_) => {}
-                Err(error) => tracing::warn!(%error, "rounds stream cannot read the rounds"),
-            }
-            let now = tokio::time::Instant::now();
-            if now >= keepalive {
-                return Bytes::from_static(b": keep-alive\n\n");
-            }
-            let wake = keepalive.min(now + RECHECK);
-            // Lagging behind the notices only means reading the table now.
-            if let Ok(Err(RecvError::Closed)) =
-                tokio::time::timeout_at(wake, self.notices.recv()).await
-            {
-                tokio::time::sleep_until(wake).await;
-            }
-        }
+impl Feed for DecidedRounds {
+    type Item = RoundSummary;
+
+    async fn after(&self, cursor: i64, limit: i64) -> Result<Vec<RoundSummary>, StoreError> {
+        self.0.decided_rounds_after(cursor, limit).await
     }
 
-    fn frames(&mut self, rounds: &[RoundSummary]) -> Bytes {
-        let mut frames = String::new();
-        for round in rounds {
-            let data = serde_json::to_string(round).unwrap_or_default();
-            frames.push_str(&format!(
-                "id: {}\nevent: round\ndata: {data}\n\n",
-                round.round_id
-            ));
-            self.after = round.round_id;
-        }
-        Bytes::from(frames)
+    fn id(round: &RoundSummary) -> i64 {
+        round.round_id
+    }
+
+    fn frame(round: &RoundSummary) -> String {
+        let data = serde_json::to_string(round).unwrap_or_default();
+        format!("event: round\ndata: {data}")
     }
 }
 

@@ -4,19 +4,15 @@
 
 use std::time::Duration;
 
-use actix_web::web::Bytes;
 use actix_web::{get, web, HttpRequest, HttpResponse};
-use futures_util::stream as streams;
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
 use utoipa::{IntoParams, ToSchema};
 
+use super::follow::{Feed, Follower};
 use super::problem::ApiError;
 use super::{owned_app, ApiState, Caller};
-use crate::store::{AppEventRow, Store};
-
-const PAGE: i64 = 100;
-const KEEPALIVE: Duration = Duration::from_secs(15);
+use crate::notices::Topic;
+use crate::store::{AppEventRow, Store, StoreError};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -44,20 +40,7 @@ pub async fn stream(
     state.require_leader().await?;
     let last_event_id = super::last_event_id(&request)?;
     let after = last_event_id.or(query.after).unwrap_or(0);
-    let follower = Follower {
-        store: state.store.clone(),
-        notices: state.notices.follow(app),
-        app,
-        after,
-    };
-    let events = streams::unfold(follower, |mut follower| async move {
-        let chunk = follower.next_chunk().await;
-        Some((chunk, follower))
-    });
-    Ok(HttpResponse::Ok()
-        .content_type("text/event-stream")
-        .insert_header(("cache-control", "no-cache"))
-        .streaming(events))
+    Ok(follow_app(&state, app, after).into_event_stream())
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -102,72 +85,40 @@ pub async fn poll(
         }
     };
     let timeout = Duration::from_millis(timeout_ms);
-    let mut follower = Follower {
-        store: state.store.clone(),
-        notices: state.notices.follow(app),
-        app,
-        after,
-    };
-    let events = follower.wait_for_events(timeout).await?;
+    let events = follow_app(&state, app, after).wait(timeout).await?;
     Ok(HttpResponse::Ok().json(EventPage {
         last_id: events.last().map_or(after, |event| event.id),
         events,
     }))
 }
 
-/// Follows one app's events: reads the table, and waits on the arbiter's notices in between.
-struct Follower {
+/// Follows `app`'s events from after event `after`.
+fn follow_app(state: &ApiState, app: i64, after: i64) -> Follower<AppEvents> {
+    let feed = AppEvents {
+        store: state.store.clone(),
+        app,
+    };
+    Follower::new(feed, state.notices.follow(Topic::App(app)), after)
+}
+
+/// One app's events, from `app_events`.
+struct AppEvents {
     store: Store,
-    notices: watch::Receiver<()>,
     app: i64,
-    after: i64,
 }
 
-impl Follower {
-    /// Events after the cursor, waiting up to `timeout` for the first. The follower was
-    /// subscribed before the first read, so an event committed in between still wakes the wait.
-    async fn wait_for_events(&mut self, timeout: Duration) -> Result<Vec<AppEventRow>, ApiError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let events = self.store.events_after(self.app, self.after, PAGE).await?;
-            if let Some(last) = events.last() {
-                self.after = last.id;
-                return Ok(events);
-            }
-            if !self.wait_for_notice(deadline).await {
-                return Ok(Vec::new());
-            }
-        }
+impl Feed for AppEvents {
+    type Item = AppEventRow;
+
+    async fn after(&self, cursor: i64, limit: i64) -> Result<Vec<AppEventRow>, StoreError> {
+        self.store.events_after(self.app, cursor, limit).await
     }
 
-    /// False when the deadline passed without a notice for this app.
-    async fn wait_for_notice(&mut self, deadline: tokio::time::Instant) -> bool {
-        match tokio::time::timeout_at(deadline, self.notices.changed()).await {
-            Ok(Ok(())) => true,
-            Err(_) => false,
-            // The announcer is gone (the service is stopping): nothing more will come.
-            Ok(Err(_)) => {
-                tokio::time::sleep_until(deadline).await;
-                false
-            }
-        }
+    fn id(event: &AppEventRow) -> i64 {
+        event.id
     }
 
-    /// The next SSE chunk: events, a keep-alive comment, or an error comment.
-    async fn next_chunk(&mut self) -> Result<Bytes, actix_web::Error> {
-        match self.wait_for_events(KEEPALIVE).await {
-            Ok(events) if events.is_empty() => Ok(Bytes::from_static(b": keep-alive\n\n")),
-            Ok(events) => Ok(Bytes::from(
-                events.iter().map(sse_frame).collect::<String>(),
-            )),
-            Err(error) => Ok(Bytes::from(format!(": {error}\n\n"))),
-        }
+    fn frame(event: &AppEventRow) -> String {
+        format!("event: {}\ndata: {}", event.kind, event.payload)
     }
-}
-
-fn sse_frame(event: &AppEventRow) -> String {
-    format!(
-        "id: {}\nevent: {}\ndata: {}\n\n",
-        event.id, event.kind, event.payload
-    )
 }

@@ -45,9 +45,7 @@ pub async fn create_tenant(
     caller: Caller,
     body: Body<TenantBody>,
 ) -> Result<HttpResponse, ApiError> {
-    if caller != Caller::Admin {
-        return Err(ApiError::admin_only());
-    }
+    caller.require_admin()?;
     let name = body.into_inner().name;
     check_name("name", &name, MAX_TENANT_NAME)
         .map_err(|reason| ApiError::unprocessable(ErrorCode::InvalidTenant, reason))?;
@@ -227,7 +225,7 @@ pub async fn get_round(
 ) -> Result<HttpResponse, ApiError> {
     let detail = state
         .store
-        .round_detail(*round, caller.tenant())
+        .round_detail(*round, caller)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("round {round} does not exist")))?;
     Ok(HttpResponse::Ok().json(detail))
@@ -263,7 +261,7 @@ pub struct ClusterView {
 #[utoipa::path(get, path = "/v1/cluster", responses((status = 200, body = ClusterView)))]
 #[get("/v1/cluster")]
 pub async fn cluster(state: web::Data<ApiState>, caller: Caller) -> Result<HttpResponse, ApiError> {
-    let gpus = state.store.cluster(caller.tenant()).await?;
+    let gpus = state.store.cluster(caller).await?;
     Ok(HttpResponse::Ok().json(ClusterView { gpus }))
 }
 
@@ -309,9 +307,7 @@ pub async fn operator_actions(
     caller: Caller,
     query: web::Query<ActionsQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    if caller != Caller::Admin {
-        return Err(ApiError::admin_only());
-    }
+    caller.require_admin()?;
     let limit = super::bounded_limit(query.limit, 50, 500)?;
     Ok(HttpResponse::Ok().json(state.store.operator_actions(limit).await?))
 }
@@ -322,9 +318,7 @@ async fn set_service(
     gpu: String,
     healthy: bool,
 ) -> Result<HttpResponse, ApiError> {
-    if caller != Caller::Admin {
-        return Err(ApiError::admin_only());
-    }
+    caller.require_admin()?;
     let service = SetGpuService {
         gpu,
         healthy,

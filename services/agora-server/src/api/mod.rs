@@ -5,6 +5,7 @@ mod apps;
 pub mod body;
 mod dashboard;
 mod events;
+mod follow;
 mod market;
 mod metrics;
 pub mod problem;
@@ -30,6 +31,7 @@ use crate::actors::arbiter::Arbiter;
 use crate::leadership::Leadership;
 use crate::notices::Notices;
 use crate::store::{AppRow, Store};
+pub use crate::visibility::Caller;
 use problem::ApiError;
 use tokens::Lookup;
 pub use tokens::Tokens;
@@ -123,22 +125,7 @@ impl Owners {
     }
 }
 
-/// Who is calling: a tenant, or the admin.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Caller {
-    Admin,
-    Tenant(i64),
-}
-
 impl Caller {
-    /// The tenant to restrict to; `None` for the admin, who sees everything.
-    pub fn tenant(self) -> Option<i64> {
-        match self {
-            Self::Admin => None,
-            Self::Tenant(tenant) => Some(tenant),
-        }
-    }
-
     pub fn require_tenant(self) -> Result<i64, ApiError> {
         self.tenant().ok_or_else(|| {
             ApiError::bad_request(
@@ -146,6 +133,13 @@ impl Caller {
                 "this acts for a tenant: use a tenant's token, not the admin token",
             )
         })
+    }
+
+    pub fn require_admin(self) -> Result<(), ApiError> {
+        match self {
+            Self::Admin => Ok(()),
+            Self::Tenant(_) => Err(ApiError::admin_only()),
+        }
     }
 }
 
@@ -217,10 +211,11 @@ fn no_such_app(app: i64) -> ApiError {
 }
 
 fn check_owner(caller: Caller, app: i64, owner: i64) -> Result<(), ApiError> {
-    match caller.tenant() {
+    if caller.sees(owner) {
+        Ok(())
+    } else {
         // The same answer as for an app that does not exist: ids cannot be probed.
-        Some(tenant) if tenant != owner => Err(no_such_app(app)),
-        _ => Ok(()),
+        Err(no_such_app(app))
     }
 }
 

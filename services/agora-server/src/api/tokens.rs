@@ -10,6 +10,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use sqlx::postgres::{PgListener, PgNotification};
+use tokio::sync::watch;
 
 use crate::store::Store;
 
@@ -19,6 +20,8 @@ const RELISTEN_AFTER: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub struct Tokens {
     state: RwLock<Remembered>,
+    /// The generation, announced each time everything is forgotten.
+    generations: watch::Sender<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -67,9 +70,17 @@ impl Tokens {
         }
     }
 
+    /// Changes (`changed()`) each time every remembered token is forgotten: whoever deleted a
+    /// token knows that from then on it is refused.
+    pub fn forgetting(&self) -> watch::Receiver<u64> {
+        self.generations.subscribe()
+    }
+
     /// Tokens changed (or may have, unnoticed): forget them all.
     fn forget_all(&self) {
-        self.write().forget_all();
+        let mut state = self.write();
+        state.forget_all();
+        self.generations.send_replace(state.generation);
     }
 
     /// Forgets and starts or stops listening under one lock, so that no look-up is remembered
@@ -78,6 +89,7 @@ impl Tokens {
         let mut state = self.write();
         state.forget_all();
         state.listening = listening;
+        self.generations.send_replace(state.generation);
     }
 
     /// Listens to token changes for as long as the service runs, listening again after a
@@ -167,6 +179,17 @@ mod tests {
         tokens.remember(TOKEN, 3, generation(tokens.lookup(&TOKEN)));
         tokens.forget_all();
         assert!(matches!(tokens.lookup(&TOKEN), Lookup::Unknown { .. }));
+    }
+
+    #[test]
+    fn forgetting_is_announced() {
+        let tokens = Tokens::default();
+        let mut forgetting = tokens.forgetting();
+        tokens.set_listening(true);
+        assert!(forgetting.has_changed().expect("alive"));
+        forgetting.mark_unchanged();
+        tokens.forget_all();
+        assert!(forgetting.has_changed().expect("alive"));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::{BidEntryView, RoundSummary, Store, StoreError};
+use crate::visibility::Caller;
 use crate::why::{round_sentence, RoundFacts};
 
 /// An app as the dashboard lists it.
@@ -118,8 +119,8 @@ impl Store {
         )
     }
 
-    /// Apps `viewer` may see (`None`: every app), finished ones included.
-    pub async fn visible_apps(&self, viewer: Option<i64>) -> Result<Vec<VisibleApp>, StoreError> {
+    /// Apps `viewer` sees, finished ones included.
+    pub async fn visible_apps(&self, viewer: Caller) -> Result<Vec<VisibleApp>, StoreError> {
         Ok(sqlx::query_as!(
             VisibleApp,
             "SELECT a.id, a.tenant_id, t.name AS tenant, a.name, a.bidding, a.arrived_at,
@@ -127,7 +128,7 @@ impl Store {
              FROM apps a JOIN tenants t ON t.id = a.tenant_id
              WHERE $1::bigint IS NULL OR a.tenant_id = $1
              ORDER BY a.id",
-            viewer
+            viewer.tenant()
         )
         .fetch_all(&self.pool)
         .await?)
@@ -261,7 +262,7 @@ impl Store {
     }
 
     /// What the fairness summary is computed from, as `viewer` may see it.
-    pub async fn fairness_inputs(&self, viewer: Option<i64>) -> Result<FairnessInputs, StoreError> {
+    pub async fn fairness_inputs(&self, viewer: Caller) -> Result<FairnessInputs, StoreError> {
         let round = sqlx::query!("SELECT id, opened_at FROM rounds ORDER BY id DESC LIMIT 1")
             .fetch_optional(&self.pool)
             .await?
@@ -276,14 +277,11 @@ impl Store {
         .await?;
         let apps = standings
             .into_iter()
-            .map(|row| {
-                let visible = viewer.is_none_or(|viewer| viewer == row.tenant_id);
-                FairnessApp {
-                    app_id: visible.then_some(row.app_id),
-                    name: visible.then_some(row.name),
-                    rho: row.rho,
-                    position: row.position,
-                }
+            .map(|row| FairnessApp {
+                app_id: viewer.reveal(row.tenant_id, row.app_id),
+                name: viewer.reveal(row.tenant_id, row.name),
+                rho: row.rho,
+                position: row.position,
             })
             .collect();
         let gpus = sqlx::query_as!(
@@ -306,7 +304,7 @@ impl Store {
         from: DateTime<Utc>,
         to: DateTime<Utc>,
         limit: i64,
-        viewer: Option<i64>,
+        viewer: Caller,
     ) -> Result<Vec<TimelineLease>, StoreError> {
         let rows = sqlx::query!(
             r#"SELECT l.id, l.app_id, a.tenant_id, l.gpus, l.start_at,
@@ -322,16 +320,13 @@ impl Store {
         .await?;
         Ok(rows
             .into_iter()
-            .map(|row| {
-                let visible = viewer.is_none_or(|viewer| viewer == row.tenant_id);
-                TimelineLease {
-                    lease_id: visible.then_some(row.id),
-                    app_id: visible.then_some(row.app_id),
-                    gpus: row.gpus,
-                    start_at: row.start_at,
-                    end_at: row.end_at,
-                    state: row.state,
-                }
+            .map(|row| TimelineLease {
+                lease_id: viewer.reveal(row.tenant_id, row.id),
+                app_id: viewer.reveal(row.tenant_id, row.app_id),
+                gpus: row.gpus,
+                start_at: row.start_at,
+                end_at: row.end_at,
+                state: row.state,
             })
             .collect())
     }

@@ -10,6 +10,7 @@ use sqlx::postgres::PgListener;
 use utoipa::ToSchema;
 
 use super::{EventPayload, Store, StoreError};
+use crate::visibility::Caller;
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AppRow {
@@ -244,12 +245,13 @@ impl Store {
     }
 
     /// The tenant's apps (`None`: every tenant's), finished ones included.
-    pub async fn apps_of(&self, tenant: Option<i64>) -> Result<Vec<AppRow>, StoreError> {
+    /// The apps `viewer` sees, by id.
+    pub async fn apps_of(&self, viewer: Caller) -> Result<Vec<AppRow>, StoreError> {
         Ok(sqlx::query_as!(
             AppRow,
             "SELECT id, tenant_id, name, kind, bidding, arrived_at, finished_at FROM apps
              WHERE $1::bigint IS NULL OR tenant_id = $1 ORDER BY id",
-            tenant
+            viewer.tenant()
         )
         .fetch_all(&self.pool)
         .await?)
@@ -330,11 +332,11 @@ impl Store {
         .await?)
     }
 
-    /// Round `id` as `viewer` may see it: `None` shows everything (admin).
+    /// Round `id` as `viewer` may see it.
     pub async fn round_detail(
         &self,
         id: i64,
-        viewer: Option<i64>,
+        viewer: Caller,
     ) -> Result<Option<RoundDetail>, StoreError> {
         let Some(stored) = self.stored_round(id).await? else {
             return Ok(None);
@@ -346,7 +348,8 @@ impl Store {
         .fetch_one(&self.pool)
         .await?;
         let owners = self.round_app_owners(id).await?;
-        let visible = |app: i64| viewer.is_none() || owners.get(&app) == viewer.as_ref();
+        // Every app of the round stands in it, so every app here has an owner.
+        let visible = |app: i64| owners.get(&app).is_some_and(|&owner| viewer.sees(owner));
         let shown = |app: i64| visible(app).then_some(app);
         let standings = sqlx::query!(
             "SELECT position, app_id, rho, unmet_demand, bidder FROM round_standings
@@ -620,7 +623,7 @@ impl Store {
     }
 
     /// Every GPU with its host, health and holder; holders of other tenants hidden.
-    pub async fn cluster(&self, viewer: Option<i64>) -> Result<Vec<GpuView>, StoreError> {
+    pub async fn cluster(&self, viewer: Caller) -> Result<Vec<GpuView>, StoreError> {
         let rows = sqlx::query!(
             r#"SELECT g.id, g.machine_id, m.rack, m.host, g.slot, g.gpu_type, g.cuda_uuid,
                       g.healthy AND coalesce(w.healthy AND w.reported, true)
@@ -640,7 +643,8 @@ impl Store {
         Ok(rows
             .into_iter()
             .map(|row| {
-                let visible = viewer.is_none() || row.tenant_id == viewer;
+                // A free GPU has no holder to hide.
+                let visible = row.tenant_id.is_some_and(|owner| viewer.sees(owner));
                 GpuView {
                     id: row.id,
                     machine: row.machine_id,

@@ -256,3 +256,61 @@ pub fn active(leases: &[Value]) -> Vec<&Value> {
         .filter(|lease| lease["state"] == "active")
         .collect()
 }
+
+/// The service's commits to `leases` and `rounds`, as a test hears them: a statement trigger
+/// the test installs in the service's database notifies `agora_test_changes`, which Postgres
+/// delivers when the writing transaction commits. Tests wait for this real signal instead of
+/// sleeping and checking again.
+pub struct Changes {
+    listener: sqlx::postgres::PgListener,
+    database: PgConnection,
+}
+
+impl Changes {
+    /// Starts listening; the service must have migrated the database (it has once it serves).
+    pub async fn watch(database_url: &str) -> Self {
+        let mut database = PgConnection::connect(database_url).await.expect("connect");
+        sqlx::raw_sql(
+            "CREATE FUNCTION agora_test_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_notify('agora_test_changes', TG_TABLE_NAME); RETURN NULL; END $$;
+             CREATE TRIGGER agora_test_leases AFTER INSERT OR UPDATE ON leases
+                 FOR EACH STATEMENT EXECUTE FUNCTION agora_test_changed();
+             CREATE TRIGGER agora_test_rounds AFTER INSERT OR UPDATE ON rounds
+                 FOR EACH STATEMENT EXECUTE FUNCTION agora_test_changed();",
+        )
+        .execute(&mut database)
+        .await
+        .expect("install the triggers");
+        let mut listener = sqlx::postgres::PgListener::connect(database_url)
+            .await
+            .expect("connect");
+        listener.listen("agora_test_changes").await.expect("listen");
+        Self { listener, database }
+    }
+
+    /// Waits until the service has acted on everything due at `now`: no active lease past its
+    /// end, no round still open past its deadline. Checks again at each commit to leases or
+    /// rounds; panics after a minute without one.
+    pub async fn settled(&mut self, now: Timestamp) {
+        let now = agora_server::clock::to_datetime(now);
+        loop {
+            // Whatever was committed before this point, the check below sees.
+            while self.listener.next_buffered().is_some() {}
+            let (behind,): (bool,) = sqlx::query_as(
+                "SELECT EXISTS (SELECT 1 FROM leases WHERE state = 'active' AND end_at <= $1)
+                     OR EXISTS (SELECT 1 FROM rounds WHERE status = 'open' AND deadline <= $1)",
+            )
+            .bind(now)
+            .fetch_one(&mut self.database)
+            .await
+            .expect("query");
+            if !behind {
+                return;
+            }
+            tokio::time::timeout(Duration::from_secs(60), self.listener.recv())
+                .await
+                .unwrap_or_else(|_| panic!("the service never caught up with the clock at {now}"))
+                .expect("listening");
+        }
+    }
+}
