@@ -25,8 +25,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use agora_market::auction::AppBid;
-use agora_market::market::Market;
+use agora_market::auction::{AppBid, Auction};
+use agora_market::market::{Market, RoundOutcome};
 use criterion::{Criterion, SamplingMode};
 
 use scenario::{percentiles, Scenario, ScenarioSpec, SCENARIOS};
@@ -242,8 +242,46 @@ fn breakdown(scenario: &Scenario) -> String {
             millis(bidding),
             millis(close),
         );
+        let _ = writeln!(text, "{}", auction_phases(&outcome));
     }
     text
+}
+
+/// The round's auction re-run phase by phase (its bids and offer, the same seed): how long
+/// the PF choice, the payments and settling take, and how each was found.
+fn auction_phases(outcome: &RoundOutcome) -> String {
+    let record = outcome
+        .auction
+        .as_ref()
+        .expect("a Themis round runs the auction");
+    let auction = Auction::new(&outcome.offer, &record.bids).expect("the round's own bids");
+    let started = Instant::now();
+    let pf = auction.proportional_fair().expect("solved");
+    let pf_time = started.elapsed();
+    let started = Instant::now();
+    let payments = auction.payments(&pf, outcome.seed).expect("solved");
+    let payments_time = started.elapsed();
+    let started = Instant::now();
+    drop(black_box(auction.settle(&pf, &payments)));
+    let settle_time = started.elapsed();
+    let (pf_stats, paid) = (pf.stats(), payments.stats());
+    format!(
+        "    auction: PF {:.2} ms ({} components: {} alone, {} by LP, {} by branch and bound), \
+         payments {:.2} ms ({} payers: {} certified, {} solved, {} fallbacks; {} programs), \
+         settle {:.2} ms",
+        millis(pf_time),
+        pf_stats.components,
+        pf_stats.alone,
+        pf_stats.by_relaxation,
+        pf_stats.by_branch_and_bound,
+        millis(payments_time),
+        paid.payers,
+        paid.certified,
+        paid.solved,
+        paid.fallbacks,
+        paid.programs,
+        millis(settle_time),
+    )
 }
 
 fn percentile_report() -> String {

@@ -149,6 +149,24 @@ async fn full_flow_register_offer_bid_lease_expiry_reauction_finish_and_audit() 
             .expect("replay");
         assert!(replay.matches, "round {round}: {:?}", replay.differences);
     }
+    // Every payment here was exact; a stored fallback the engine does not reproduce is caught.
+    let (round,): (i64,) = sqlx::query_as(
+        "UPDATE round_allocations SET c_fallback = true
+          WHERE (round_id, app_id) = (SELECT round_id, app_id FROM round_allocations
+                                       WHERE c IS NOT NULL ORDER BY round_id LIMIT 1)
+          RETURNING round_id",
+    )
+    .fetch_one(service.running.store.pool())
+    .await
+    .expect("a round with a payment");
+    let replay = replay_round(&service.running.store, round)
+        .await
+        .expect("replay");
+    assert!(
+        !replay.matches && replay.differences[0].contains("c_fallback: true"),
+        "{:?}",
+        replay.differences
+    );
     service.running.stop().await;
 }
 

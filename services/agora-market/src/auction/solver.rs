@@ -38,22 +38,29 @@ use super::{AuctionError, Choice, Instance, Rounding};
 /// is the same on every machine.
 const PAYERS_PER_MODEL: usize = 8;
 
-/// How much branch and bound each program deciding a payment may use. Counted in nodes, not
-/// seconds, so that a replay of the auction takes the same decisions.
+/// How much branch and bound the payments of one auction may use: how many binary programs in
+/// all, and how many nodes each. Counted in programs and nodes, not seconds, so that a replay
+/// of the auction takes the same decisions on any machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PaymentBudget {
+    /// Binary programs the auction's payments may run together. A program costs about as much
+    /// as the PF choice itself, so this bounds the payments' time by a few PF solves.
+    pub programs: usize,
     pub branch_and_bound_nodes: u32,
 }
 
 impl Default for PaymentBudget {
-    /// Far above what the benchmarked payments need (BENCHMARKS.md), and a few tens of
-    /// milliseconds of work for the largest programs measured.
+    /// Measured in BENCHMARKS.md: enough for the payments of most rounds of 256 GPUs, and a
+    /// bound on the few that would otherwise run dozens of programs.
     fn default() -> Self {
         Self {
+            programs: DEFAULT_PAYMENT_PROGRAMS,
             branch_and_bound_nodes: 2_000,
         }
     }
 }
+
+const DEFAULT_PAYMENT_PROGRAMS: usize = 4;
 
 /// How the PF choice was found, per component.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,6 +177,11 @@ pub(super) fn proportional_fair(
 
 /// Every bidder's share c_i given the PF choice `options`, as precisely as each winner's
 /// `roundings` needs. Only winners in components of two or more bidders pay anything.
+///
+/// Every payment is screened first (LP bounds and cheap choices, in parallel per group of
+/// payers); the payments whose bracket leaves the GPUs kept open then share the budget's
+/// binary programs, most GPUs at stake first, and the others fall back to the LP
+/// counterfactual.
 pub(super) fn payments(
     instance: &Instance,
     structure: &Structure,
@@ -200,37 +212,92 @@ pub(super) fn payments(
         .collect();
     let payers: usize = groups.iter().map(|group| group.payers.len()).sum();
     let span = tracing::info_span!("payment_solves", payers);
-    let results = span.in_scope(|| {
+    let screened = span.in_scope(|| {
         parallel_map(&groups, |group| {
-            group_payments(&context, group, options, roundings, budget, &span)
+            screen_group(&context, group, options, roundings, &span)
         })
     });
-    let mut shares = Shares {
-        shares: vec![ShareBounds::exact(1.0); instance.bidders.len()],
-        fallback: vec![false; instance.bidders.len()],
-        stats: PaymentStats::default(),
-    };
-    for (group, payments) in groups.iter().zip(results) {
-        for (&position, payment) in group.payers.iter().zip(payments?) {
+    let mut settled: Vec<(usize, Payment)> = Vec::with_capacity(payers);
+    let mut open: Vec<OpenPayment> = Vec::new();
+    for (group, screens) in groups.iter().zip(screened) {
+        for (&position, screen) in group.payers.iter().zip(screens?) {
             let payer = group.members[position];
-            let stats = &mut shares.stats;
-            stats.payers += 1;
-            stats.programs += payment.programs;
-            shares.shares[payer] = payment.share;
-            if payment.fell_back {
-                stats.fallbacks += 1;
-                shares.fallback[payer] = true;
-                continue;
-            }
-            stats.bounded += usize::from(!payment.share.is_exact());
-            if payment.programs == 0 {
-                stats.certified += 1;
-            } else {
-                stats.solved += 1;
+            match screen {
+                Screen::Settled(payment) => settled.push((payer, payment)),
+                Screen::Open(payment) => open.push(payment),
             }
         }
     }
-    Ok(shares)
+    let allotted = allot_programs(&open, budget.programs);
+    let decided = span.in_scope(|| {
+        parallel_map(&allotted, |&(index, programs)| {
+            let payment = &open[index];
+            let decision = if programs > 0 {
+                payment.decide(&context, budget)
+            } else {
+                Ok(payment.bracket.fall_back(0))
+            };
+            decision.map(|decision| (payment.payer, decision))
+        })
+    });
+    for decision in decided {
+        settled.push(decision?);
+    }
+    Ok(tally(instance.bidders.len(), settled))
+}
+
+/// The shares of `settled` payments (by payer) and how they were found.
+fn tally(bidders: usize, settled: Vec<(usize, Payment)>) -> Shares {
+    let mut shares = Shares {
+        shares: vec![ShareBounds::exact(1.0); bidders],
+        fallback: vec![false; bidders],
+        stats: PaymentStats::default(),
+    };
+    for (payer, payment) in settled {
+        let stats = &mut shares.stats;
+        stats.payers += 1;
+        stats.programs += payment.programs;
+        shares.shares[payer] = payment.share;
+        if payment.fell_back {
+            stats.fallbacks += 1;
+            shares.fallback[payer] = true;
+            continue;
+        }
+        stats.bounded += usize::from(!payment.share.is_exact());
+        if payment.programs == 0 {
+            stats.certified += 1;
+        } else {
+            stats.solved += 1;
+        }
+    }
+    shares
+}
+
+/// Which open payments may run binary programs within `programs` in all, as (index into
+/// `open`, programs allotted): each is allotted the most its bisection can take, most GPUs at
+/// stake first (ties: the narrower LP bracket, then the payer's place in the content order,
+/// never its name), until the budget is spent. Allotting the worst case up front keeps the
+/// choice independent of what the programs find, so the payments can run in parallel and a
+/// replay takes the same decisions.
+fn allot_programs(open: &[OpenPayment], programs: usize) -> Vec<(usize, usize)> {
+    let mut order: Vec<usize> = (0..open.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&open[a], &open[b]);
+        b.at_stake()
+            .cmp(&a.at_stake())
+            .then(a.bracket.width().total_cmp(&b.bracket.width()))
+            .then(a.payer.cmp(&b.payer))
+    });
+    let mut left = programs;
+    order
+        .into_iter()
+        .map(|index| {
+            let most = open[index].most_programs();
+            let allotted = if most <= left { most } else { 0 };
+            left -= allotted;
+            (index, allotted)
+        })
+        .collect()
 }
 
 /// The instance and what is known about it before any program is solved.
@@ -305,8 +372,8 @@ struct PayerGroup<'a> {
     payers: Vec<usize>,
 }
 
-/// A payment: its share, the binary programs it took, and whether the budget ran out first
-/// (the share is then the LP counterfactual's, see [`Bracket::settle`]).
+/// A payment: its share, the binary programs it took, and whether it fell back to the LP
+/// counterfactual (see [`Bracket::fall_back`]).
 struct Payment {
     share: ShareBounds,
     programs: usize,
@@ -323,26 +390,78 @@ impl Payment {
     }
 }
 
-/// The payments of one group, in the order of its payers.
-fn group_payments(
+/// A payment after screening.
+enum Screen<'a> {
+    Settled(Payment),
+    /// Its bracket leaves the GPUs the payer keeps open: binary programs must decide.
+    Open(OpenPayment<'a>),
+}
+
+/// What the binary programs deciding one payment need.
+struct OpenPayment<'a> {
+    /// The payer, as a bidder index.
+    payer: usize,
+    members: &'a [usize],
+    /// The payer's position in `members`.
+    position: usize,
+    starving_served: usize,
+    rounding: Rounding,
+    bracket: Bracket,
+    reach: Vec<Vec<f64>>,
+}
+
+impl OpenPayment<'_> {
+    /// How many more GPUs the payer keeps at the top of its bracket than at the bottom.
+    fn at_stake(&self) -> usize {
+        let shares = self.bracket.shares();
+        self.rounding.kept(shares.high) - self.rounding.kept(shares.low)
+    }
+
+    /// The most programs [`Bracket::settle`] can run: one per halving of the GPUs at stake.
+    fn most_programs(&self) -> usize {
+        (usize::BITS - self.at_stake().leading_zeros()) as usize
+    }
+
+    /// Settles the payment with binary programs, one rounding threshold at a time; only
+    /// columns that some choice above the threshold could take enter a program.
+    fn decide(&self, context: &Context, budget: PaymentBudget) -> Result<Payment, AuctionError> {
+        let instance = context.instance;
+        let app = &instance.bidders[self.payer].bid.app;
+        let _solve = tracing::info_span!("payment_programs", %app).entered();
+        let gain = |member, option| instance.gain(member, option);
+        let decide = |threshold: f64| {
+            let margin = OBJECTIVE_TOLERANCE * threshold.abs().max(1.0);
+            let keep = |at: usize, option: usize| {
+                at != self.position && self.reach[at][option] > threshold - margin
+            };
+            let starving_served = Some(self.starving_served);
+            let program = Program::new(context, self.members, starving_served, gain, keep);
+            program.exceeds("payment", threshold, budget)
+        };
+        self.bracket.settle(self.rounding, decide)
+    }
+}
+
+/// Screens the payments of one group, in the order of its payers: certified, proved by the LP
+/// relaxation without the payer, or bracketed for binary programs to decide.
+fn screen_group<'a>(
     context: &Context,
-    group: &PayerGroup,
+    group: &PayerGroup<'a>,
     options: &Choice,
     roundings: &[Option<Rounding>],
-    budget: PaymentBudget,
     span: &tracing::Span,
-) -> Result<Vec<Payment>, AuctionError> {
+) -> Result<Vec<Screen<'a>>, AuctionError> {
     let instance = context.instance;
     let members = group.members;
     let gain = |member, option| instance.gain(member, option);
     let mut relaxation: Option<Relaxation> = None;
-    let mut payments = Vec::with_capacity(group.payers.len());
+    let mut screens = Vec::with_capacity(group.payers.len());
     for &position in &group.payers {
         let payer = members[position];
         if !uses_contested_class(context, payer, options) {
             // The others' constraints are the same with and without the payer: x* minus the
             // payer stays their optimum.
-            payments.push(Payment::certified(ShareBounds::exact(1.0)));
+            screens.push(Screen::Settled(Payment::certified(ShareBounds::exact(1.0))));
             continue;
         }
         // Workers run the solves, so the span names its parent explicitly.
@@ -371,25 +490,26 @@ fn group_payments(
             rounding,
         );
         relaxation.restore(position);
-        let (optimum, reach) = match screened? {
+        screens.push(match screened? {
             Screened::Exact(without_payer) => {
                 let share = ShareBounds::exact(share(with_payer, without_payer));
-                payments.push(Payment::certified(share));
-                continue;
+                Screen::Settled(Payment::certified(share))
             }
-            Screened::Bracketed(optimum, reach) => (optimum, reach),
-        };
-        // Only columns that some choice above the threshold could take enter its program.
-        let decide = |threshold: f64| {
-            let margin = OBJECTIVE_TOLERANCE * threshold.abs().max(1.0);
-            let keep =
-                |at: usize, option: usize| at != position && reach[at][option] > threshold - margin;
-            let program = Program::new(context, members, Some(starving_served), gain, keep);
-            program.exceeds("payment", threshold, budget)
-        };
-        payments.push(optimum.settle(rounding, decide)?);
+            Screened::Bracketed(bracket, _) if bracket.decides(rounding) => {
+                Screen::Settled(Payment::certified(bracket.shares()))
+            }
+            Screened::Bracketed(bracket, reach) => Screen::Open(OpenPayment {
+                payer,
+                members,
+                position,
+                starving_served,
+                rounding,
+                bracket,
+                reach,
+            }),
+        });
     }
-    Ok(payments)
+    Ok(screens)
 }
 
 /// What the LP relaxation without the payer and cheap choices without it tell of the others'
@@ -442,6 +562,7 @@ fn screen_payment(
 
 /// What is known of the others' optimum without the payer (the PF objective over the payer's
 /// component, serving as many starving bidders as x*), as an interval.
+#[derive(Clone, Copy)]
 struct Bracket {
     /// The others' welfare in x*.
     with_payer: f64,
@@ -469,6 +590,23 @@ impl Bracket {
         rounding.kept(shares.low) == rounding.kept(shares.high)
     }
 
+    /// The payment against the LP relaxation's optimum, the LP counterfactual, after
+    /// `programs` that did not decide it. That share is never above the exact c_i, and its
+    /// denominator does not depend on the payer's bid values, so reporting them truthfully
+    /// still maximises the payer's utility (docs/mechanism.md).
+    fn fall_back(&self, programs: usize) -> Payment {
+        Payment {
+            share: ShareBounds::exact(share(self.with_payer, self.relaxed)),
+            programs,
+            fell_back: true,
+        }
+    }
+
+    /// How far apart the bounds on the optimum are.
+    fn width(&self) -> f64 {
+        self.upper - self.lower
+    }
+
     /// c_i's interval: a better optimum without the payer means a smaller share.
     fn shares(&self) -> ShareBounds {
         ShareBounds {
@@ -479,10 +617,8 @@ impl Bracket {
 
     /// Narrows the bracket until the number of GPUs the payer keeps is known, asking `decide`
     /// about one rounding threshold at a time (bisecting the counts still possible). `decide`
-    /// returns `None` when its budget ran out: the payment then falls back to the share
-    /// against the LP relaxation's optimum, the LP counterfactual. That share is never above
-    /// the exact c_i, and its denominator does not depend on the payer's bid values, so
-    /// reporting them truthfully still maximises the payer's utility (docs/mechanism.md).
+    /// returns `None` when its budget ran out: the payment then falls back (see
+    /// [`Self::fall_back`]).
     fn settle(
         mut self,
         rounding: Rounding,
@@ -498,13 +634,7 @@ impl Bracket {
             let threshold = self.with_payer - rounding.threshold(kept).ln();
             programs += 1;
             match decide(threshold)? {
-                None => {
-                    return Ok(Payment {
-                        share: ShareBounds::exact(share(self.with_payer, self.relaxed)),
-                        programs,
-                        fell_back: true,
-                    })
-                }
+                None => return Ok(self.fall_back(programs)),
                 Some(Exceeds::Yes { found, bound }) => {
                     self.lower = self.lower.max(found);
                     self.upper = self.upper.min(bound).max(self.lower);

@@ -90,8 +90,22 @@ fn bid(app_id: &str, rho_old: Option<f64>, table: &[(&[&str], f64)]) -> AppBid {
     }
 }
 
+/// The auction with no cap on how many programs its payments run, so that every payment is
+/// exact, which the tests using this check (the cap's fallback has tests of its own).
 fn run(offer: &Offer, bids: &[AppBid], seed: u64) -> AuctionOutcome {
-    run_auction(offer, bids, seed).expect("the auction runs")
+    let auction = Auction::new(offer, bids).expect("valid");
+    let pf = auction.proportional_fair().expect("solved");
+    let payments = auction
+        .payments_within(&pf, seed, uncapped())
+        .expect("solved");
+    auction.settle(&pf, &payments)
+}
+
+fn uncapped() -> PaymentBudget {
+    PaymentBudget {
+        programs: usize::MAX,
+        ..PaymentBudget::default()
+    }
 }
 
 fn assert_close(actual: f64, expected: f64, relative: f64, what: &str) {
@@ -1469,19 +1483,26 @@ proptest! {
 proptest! {
     #![proptest_config(config())]
 
-    /// With no budget for binary programs, every payment the LP and the bracket cannot decide
-    /// falls back to the LP counterfactual: c_i against the reference's LP relaxation of the
-    /// others' program, never above the exact c_i, so the payer never keeps more GPUs than with
-    /// the exact payment. Every other payment is the exact one (or an interval around it).
+    /// With a budget of a few binary programs (none, in a third of the cases), the payments
+    /// run no more programs than it allows, and every payment that the LP, the bracket and the
+    /// programs allotted cannot decide falls back to the LP counterfactual: c_i against the
+    /// reference's LP relaxation of the others' program, never above the exact c_i, so the
+    /// payer never keeps more GPUs than with the exact payment. Every other payment is the
+    /// exact one (or an interval around it).
     #[test]
-    fn a_fallback_pays_against_the_lp_relaxation_and_never_keeps_more(spec in tie_spec()) {
+    fn a_fallback_pays_against_the_lp_relaxation_and_never_keeps_more(
+        spec in tie_spec(),
+        programs in 0usize..3,
+    ) {
         let (offer, bids) = (spec.offer(), spec.bids());
         let auction = Auction::new(&offer, &bids).expect("valid");
         let pf = auction.proportional_fair().expect("solved");
-        let exact = auction.settle(&pf, &auction.payments(&pf, spec.seed).expect("solved"));
+        let exact = auction.payments_within(&pf, spec.seed, uncapped()).expect("solved");
+        let exact = auction.settle(&pf, &exact);
         prop_assert!(exact.payment_fallbacks.is_empty());
-        let no_programs = PaymentBudget { branch_and_bound_nodes: 0 };
-        let capped = auction.payments_within(&pf, spec.seed, no_programs).expect("solved");
+        let budget = PaymentBudget { programs, ..PaymentBudget::default() };
+        let capped = auction.payments_within(&pf, spec.seed, budget).expect("solved");
+        prop_assert!(capped.stats().programs <= programs, "{:?}", capped.stats());
         let capped = auction.settle(&pf, &capped);
         prop_assert_eq!(&capped.pf, &exact.pf);
         let model = Model::new(&offer, &bids);
@@ -1507,6 +1528,48 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(config())]
+
+    /// Which payments the budget's programs go to depends on what the bidders bid, never on
+    /// their names or order: renaming every app (so that names sort the other way round) and
+    /// reversing the bids gives the same outcome, renamed, under a budget of one program.
+    #[test]
+    fn a_capped_budget_allots_its_programs_by_content_not_by_name(
+        spec in mixed_spec().prop_filter("no two identical bidders", |spec| {
+            let distinct: BTreeSet<String> =
+                spec.bidders.iter().map(|bidder| format!("{bidder:?}")).collect();
+            distinct.len() == spec.bidders.len()
+        })
+    ) {
+        let (offer, bids) = (spec.offer(), spec.bids());
+        let one = PaymentBudget { programs: 1, ..PaymentBudget::default() };
+        let run_within = |bids: &[AppBid]| {
+            let auction = Auction::new(&offer, bids).expect("valid");
+            let pf = auction.proportional_fair().expect("solved");
+            let payments = auction.payments_within(&pf, spec.seed, one).expect("solved");
+            auction.settle(&pf, &payments)
+        };
+        let rename = |app: &AppId| AppId(format!("z{}", 99 - app.0[3..].parse::<u32>().expect("app<n>")));
+        let renamed: Vec<AppBid> = bids
+            .iter()
+            .rev()
+            .map(|bid| AppBid { app: rename(&bid.app), ..bid.clone() })
+            .collect();
+        let outcome = run_within(&bids);
+        let twin = run_within(&renamed);
+        let by_new_name = |map: &BTreeMap<AppId, Vec<GpuId>>| -> BTreeMap<AppId, Vec<GpuId>> {
+            map.iter().map(|(app, gpus)| (rename(app), gpus.clone())).collect()
+        };
+        prop_assert_eq!(by_new_name(&outcome.allocation), twin.allocation.clone());
+        let fallbacks: BTreeSet<AppId> = outcome.payment_fallbacks.iter().map(rename).collect();
+        prop_assert_eq!(fallbacks, twin.payment_fallbacks.iter().cloned().collect::<BTreeSet<_>>());
+        for (app, c) in &outcome.c {
+            prop_assert_eq!(*c, twin.c[&rename(app)], "c of {}", app);
+        }
+    }
+}
+
 #[test]
 fn a_payment_is_decided_only_as_far_as_its_rounding_needs_and_falls_back_past_its_budget() {
     // Without p, a, b and c compete for g0..g2 in an odd cycle: the LP relaxation takes half
@@ -1525,6 +1588,7 @@ fn a_payment_is_decided_only_as_far_as_its_rounding_needs_and_falls_back_past_it
     assert_eq!(pf.stats().components, 1);
     let no_branching = PaymentBudget {
         branch_and_bound_nodes: 0,
+        ..PaymentBudget::default()
     };
     let (mut by_bracket, mut by_program, mut heavier) = (0, 0, 0);
     for seed in 0..40 {

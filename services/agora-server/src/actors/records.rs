@@ -187,6 +187,7 @@ pub fn allocation_rows_of(
         pf_entry: None,
         pf_gpus: Vec::new(),
         c: None,
+        c_fallback: false,
         kept_gpus: Vec::new(),
         leftover_gpus: Vec::new(),
     };
@@ -201,6 +202,7 @@ pub fn allocation_rows_of(
                 .map(|gpus| ids(gpus))
                 .unwrap_or_default();
             row.c = decided.c.get(app).copied();
+            row.c_fallback = decided.payment_fallbacks.contains(app);
             row.kept_gpus = decided
                 .allocation
                 .get(app)

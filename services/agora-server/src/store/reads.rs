@@ -472,8 +472,8 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         let allocations = sqlx::query!(
-            "SELECT app_id, pf_entry, pf_gpus, c, kept_gpus, leftover_gpus FROM round_allocations
-             WHERE round_id = $1 ORDER BY app_id",
+            "SELECT app_id, pf_entry, pf_gpus, c, c_fallback, kept_gpus, leftover_gpus
+             FROM round_allocations WHERE round_id = $1 ORDER BY app_id",
             id
         )
         .fetch_all(&self.pool)
@@ -484,6 +484,7 @@ impl Store {
             pf_entry: row.pf_entry,
             pf_gpus: row.pf_gpus,
             c: row.c,
+            c_fallback: row.c_fallback,
             kept_gpus: row.kept_gpus,
             leftover_gpus: row.leftover_gpus,
         })

@@ -72,6 +72,8 @@ pub struct AllocationRow {
     pub pf_entry: Option<i32>,
     pub pf_gpus: Vec<String>,
     pub c: Option<f64>,
+    /// c is against the LP counterfactual: the payment's programs did not fit the budget.
+    pub c_fallback: bool,
     pub kept_gpus: Vec<String>,
     pub leftover_gpus: Vec<String>,
 }
@@ -516,14 +518,15 @@ async fn write_closed_round(
     }
     for row in &round.allocations {
         sqlx::query!(
-            "INSERT INTO round_allocations (round_id, app_id, pf_entry, pf_gpus, c, kept_gpus,
-                                            leftover_gpus)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO round_allocations (round_id, app_id, pf_entry, pf_gpus, c, c_fallback,
+                                            kept_gpus, leftover_gpus)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             round.id,
             row.app,
             row.pf_entry,
             &row.pf_gpus,
             row.c,
+            row.c_fallback,
             &row.kept_gpus,
             &row.leftover_gpus
         )
