@@ -2,14 +2,13 @@
 
 use std::collections::BTreeMap;
 
-use agora_market::hosts::{HostGpu, HostSpec};
 use agora_market::lease::LeaseState;
 use agora_market::market::{Market, MarketConfig, Withdrawal};
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, GpuId, GpuIndex};
 use proptest::prelude::*;
 
-use crate::support::{single_job_app, LEASE};
+use crate::support::{host, single_job_app, LEASE};
 
 fn empty_market() -> Market {
     let config = MarketConfig {
@@ -23,21 +22,6 @@ fn empty_market() -> Market {
         Timestamp(0),
     )
     .expect("valid")
-}
-
-fn host(name: &str, gpus: &[&str]) -> HostSpec {
-    HostSpec {
-        name: name.into(),
-        rack: "rack-1".into(),
-        gpus: gpus
-            .iter()
-            .map(|&id| HostGpu {
-                id: GpuId::from(id),
-                gpu_type: "H100".into(),
-                slot: 0,
-            })
-            .collect(),
-    }
 }
 
 fn index(market: &Market, id: &str) -> GpuIndex {

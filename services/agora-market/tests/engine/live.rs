@@ -9,7 +9,6 @@ use std::time::Duration;
 use agora_market::app::AppId;
 use agora_market::auction::{AppBid, BidEntry};
 use agora_market::bids::PreparedOffer;
-use agora_market::hosts::{HostGpu, HostSpec};
 use agora_market::lease::LeaseId;
 use agora_market::live::{
     Bidding, DecideJob, Effect, Event, LiveError, LiveMarket, LiveSettings, Record, Recovered,
@@ -21,7 +20,7 @@ use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, GpuId, GpuIndex};
 use proptest::prelude::*;
 
-use crate::support::{single_job_app, LEASE};
+use crate::support::{host, single_job_app, LEASE};
 
 /// Hosts heartbeat rarely here, so that only the tests of silent hosts lose any.
 const SETTINGS: LiveSettings = LiveSettings {
@@ -44,18 +43,7 @@ fn market_of_two_hosts() -> Market {
     )
     .expect("valid");
     for (name, gpus) in [("h1", ["GPU-1", "GPU-2"]), ("h2", ["GPU-3", "GPU-4"])] {
-        let spec = HostSpec {
-            name: name.into(),
-            rack: "rack-1".into(),
-            gpus: gpus
-                .iter()
-                .map(|&id| HostGpu {
-                    id: GpuId::from(id),
-                    gpu_type: "H100".into(),
-                    slot: 0,
-                })
-                .collect(),
-        };
+        let spec = host(name, &gpus);
         market
             .register_host(&spec, Timestamp(0))
             .expect("valid host");

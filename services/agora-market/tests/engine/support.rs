@@ -3,11 +3,12 @@
 use std::time::Duration;
 
 use agora_market::app::{App, AppId, AppKind, Job, PlacementSlowdown};
+use agora_market::hosts::{HostGpu, HostSpec};
 use agora_market::leftover::LeftoverPolicy;
 use agora_market::market::{Market, MarketConfig};
 use agora_market::policy::Policy;
 use agora_market::time::Timestamp;
-use agora_market::topology::{Cluster, ClusterSpec};
+use agora_market::topology::{Cluster, ClusterSpec, GpuId};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
@@ -162,4 +163,20 @@ pub fn play(
         )?;
     }
     Ok(())
+}
+
+/// A host of one rack whose GPUs are H100s in slot 0.
+pub fn host(name: &str, gpus: &[&str]) -> HostSpec {
+    HostSpec {
+        name: name.into(),
+        rack: "rack-1".into(),
+        gpus: gpus
+            .iter()
+            .map(|&id| HostGpu {
+                id: GpuId::from(id),
+                gpu_type: "H100".into(),
+                slot: 0,
+            })
+            .collect(),
+    }
 }
