@@ -689,6 +689,7 @@ mod tests {
             id: AppId::from("s"),
             kind: AppKind::SingleJob {
                 job: job("j", 100, 4),
+                throughput: Throughput::default(),
             },
         };
         assert_eq!(single.current_demand(), 0, "a finished job wants nothing");
