@@ -137,13 +137,18 @@ impl GpuSpeeds {
     /// sits.
     pub fn fastest_location(&self) -> GpuLocation {
         let slot = self.by_slot.as_ref().map_or(0, |speeds| {
-            let mut best = 0;
-            for (slot, &speed) in speeds.iter().enumerate() {
-                if speed.is_finite() && !(speeds[best].is_finite() && speeds[best] >= speed) {
-                    best = slot;
-                }
-            }
-            best as u32
+            speeds
+                .iter()
+                .enumerate()
+                .filter(|(_, speed)| speed.is_finite())
+                .fold(
+                    None,
+                    |best: Option<(usize, f64)>, (slot, &speed)| match best {
+                        Some((_, fastest)) if fastest >= speed => best,
+                        _ => Some((slot, speed)),
+                    },
+                )
+                .map_or(0, |(slot, _)| slot as u32)
         });
         GpuLocation {
             rack: 0,
