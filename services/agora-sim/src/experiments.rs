@@ -623,6 +623,20 @@ fn contention(out: &mut Output, scale: ExperimentScale) -> Result<String, Experi
     Ok(summary)
 }
 
+/// A column of the heterogeneous experiment: CSV name, chart label, value of a run.
+type Metric = (&'static str, &'static str, fn(&RunSummary) -> f64);
+
+const HETEROGENEOUS_METRICS: [Metric; 4] = [
+    ("max_rho", "max rho", |s| s.max_rho),
+    ("jains_index", "Jain's index of rho", |s| s.jains_index),
+    ("mean_jct_hours", "mean JCT (hours)", |s| {
+        s.mean_completion_seconds / HOURS
+    }),
+    ("makespan_hours", "makespan (hours)", |s| {
+        s.makespan_seconds / HOURS
+    }),
+];
+
 /// Workload 1 on Gavel's 108-GPU cluster and the mixed 256-GPU cluster, each scaled to 1,
 /// 1/2, 1/3 and 1/4 of its machines (contention 1x-4x), every policy; apps run at their
 /// models' measured speeds per type (`models::throughput_of`).
@@ -652,18 +666,9 @@ fn heterogeneous(out: &mut Output, scale: ExperimentScale) -> Result<String, Exp
         );
         let reports = simulate_all(&runs, scale.threads)?;
         let gpus: Vec<usize> = clusters.iter().map(Cluster::len).collect();
-        let metrics: [(&str, &str, fn(&RunSummary) -> f64); 4] = [
-            ("max_rho", "max rho", |s| s.max_rho),
-            ("jains_index", "Jain's index of rho", |s| s.jains_index),
-            ("mean_jct_hours", "mean JCT (hours)", |s| {
-                s.mean_completion_seconds / HOURS
-            }),
-            ("makespan_hours", "makespan (hours)", |s| {
-                s.makespan_seconds / HOURS
-            }),
-        ];
+        let metrics = &HETEROGENEOUS_METRICS;
         let mut csv = String::from("contention,gpus,policy,unfinished_apps");
-        for (column, ..) in &metrics {
+        for (column, ..) in metrics {
             csv.push(',');
             csv.push_str(column);
         }
@@ -672,14 +677,14 @@ fn heterogeneous(out: &mut Output, scale: ExperimentScale) -> Result<String, Exp
             for (j, policy) in Policy::ALL.iter().enumerate() {
                 let s = &reports[i * Policy::ALL.len() + j].summary;
                 let _ = write!(csv, "{c},{},{policy},{}", gpus[i], s.unfinished_apps);
-                for (_, _, value) in &metrics {
+                for (_, _, value) in metrics {
                     let _ = write!(csv, ",{:.6}", value(s));
                 }
                 csv.push('\n');
             }
         }
         out.csv(&format!("heterogeneous-{name}.csv"), &csv)?;
-        for (column, label, value) in &metrics {
+        for (column, label, value) in metrics {
             let series: Vec<Series> = Policy::ALL
                 .iter()
                 .enumerate()
