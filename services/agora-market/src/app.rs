@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::throughput::Throughput;
 use crate::topology::Locality;
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -194,6 +195,9 @@ pub struct SuccessiveHalving {
     pub current_phase: usize,
     /// Every job of the search; the ones still running are those of the current phase.
     pub jobs: Vec<Job>,
+    /// The search's speed per GPU type (its jobs train one model); empty: the same on all.
+    #[serde(default, skip_serializing_if = "Throughput::is_empty")]
+    pub throughput: Throughput,
 }
 
 impl SuccessiveHalving {
@@ -274,6 +278,9 @@ impl SuccessiveHalvingAgent for SuccessiveHalving {
 #[serde(deny_unknown_fields)]
 pub struct PerformanceCurve {
     pub jobs: Vec<CurveJob>,
+    /// The search's speed per GPU type (its jobs train one model); empty: the same on all.
+    #[serde(default, skip_serializing_if = "Throughput::is_empty")]
+    pub throughput: Throughput,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -319,7 +326,12 @@ impl PerformanceCurveAgent for PerformanceCurve {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AppKind {
-    SingleJob { job: Job },
+    SingleJob {
+        job: Job,
+        /// The job's speed per GPU type; empty: the same on all.
+        #[serde(default, skip_serializing_if = "Throughput::is_empty")]
+        throughput: Throughput,
+    },
     SuccessiveHalving(SuccessiveHalving),
     PerformanceCurve(PerformanceCurve),
 }
@@ -337,7 +349,7 @@ mod app_kind_schema {
     use utoipa::openapi::{Ref, RefOr};
     use utoipa::{PartialSchema, ToSchema};
 
-    use super::{AppKind, Job, PerformanceCurve, SuccessiveHalving};
+    use super::{AppKind, Job, PerformanceCurve, SuccessiveHalving, Throughput};
 
     fn kind(name: &str) -> ObjectBuilder {
         ObjectBuilder::new()
@@ -363,6 +375,7 @@ mod app_kind_schema {
                 .description(Some("One training job."))
                 .property("kind", kind("single_job"))
                 .property("job", Ref::from_schema_name(Job::name()))
+                .property("throughput", Throughput::schema())
                 .required("kind")
                 .required("job")
                 .additional_properties(Some(AdditionalProperties::FreeForm(false)));
@@ -430,7 +443,7 @@ impl App {
         }
         let mut key = Vec::new();
         match &self.kind {
-            AppKind::SingleJob { job: single } => {
+            AppKind::SingleJob { job: single, .. } => {
                 key.push(0.0);
                 job(&mut key, single);
             }
@@ -452,14 +465,34 @@ impl App {
                 }
             }
         }
+        // Speeds in type-name order: what the app is, as its numbers are.
+        key.extend(self.throughput().0.values());
         key
+    }
+
+    /// The app's speed per GPU type (empty: the same on every type).
+    pub fn throughput(&self) -> &Throughput {
+        match &self.kind {
+            AppKind::SingleJob { throughput, .. } => throughput,
+            AppKind::SuccessiveHalving(search) => &search.throughput,
+            AppKind::PerformanceCurve(search) => &search.throughput,
+        }
+    }
+
+    /// The app's throughput table, to set it.
+    pub fn throughput_mut(&mut self) -> &mut Throughput {
+        match &mut self.kind {
+            AppKind::SingleJob { throughput, .. } => throughput,
+            AppKind::SuccessiveHalving(search) => &mut search.throughput,
+            AppKind::PerformanceCurve(search) => &mut search.throughput,
+        }
     }
 
     /// Jobs still to run now, with what remains of each (for successive halving: the jobs of
     /// the current phase up to the phase's end).
     pub fn running_jobs(&self) -> Vec<JobInfo> {
         match &self.kind {
-            AppKind::SingleJob { job } if job.is_active() => {
+            AppKind::SingleJob { job, .. } if job.is_active() => {
                 let remaining = job.total_iterations - job.completed_iterations;
                 vec![job.info(remaining as f64, job.max_gpus)]
             }
@@ -489,7 +522,9 @@ impl App {
     /// search, every job's work up to its (predicted) end otherwise.
     pub fn total_work_gpu_seconds(&self) -> f64 {
         match &self.kind {
-            AppKind::SingleJob { job } => job.total_iterations as f64 * job.serial_iteration_time,
+            AppKind::SingleJob { job, .. } => {
+                job.total_iterations as f64 * job.serial_iteration_time
+            }
             AppKind::SuccessiveHalving(search) => search.budget_gpu_seconds(),
             AppKind::PerformanceCurve(search) => search.total_work_gpu_seconds(),
         }
@@ -527,7 +562,7 @@ impl App {
     /// Every job of the app, stopped and finished ones included.
     pub fn jobs(&self) -> Vec<&Job> {
         match &self.kind {
-            AppKind::SingleJob { job } => vec![job],
+            AppKind::SingleJob { job, .. } => vec![job],
             AppKind::SuccessiveHalving(search) => search.jobs.iter().collect(),
             AppKind::PerformanceCurve(search) => {
                 search.jobs.iter().map(|curve| &curve.job).collect()
@@ -585,6 +620,7 @@ impl App {
             job.validate()
                 .map_err(|reason| format!("job `{}`: {reason}", job.id))?;
         }
+        self.throughput().validate()?;
         if self.running_jobs().is_empty() {
             return Err("has no job left to run".to_owned());
         }
@@ -629,6 +665,7 @@ mod tests {
                 max_gpus_per_phase: Vec::new(),
                 current_phase,
                 jobs: vec![job("a", completed, 2), job("b", completed, 3)],
+                throughput: Default::default(),
             }),
         }
     }
@@ -652,6 +689,7 @@ mod tests {
             id: AppId::from("s"),
             kind: AppKind::SingleJob {
                 job: job("j", 100, 4),
+                throughput: Throughput::default(),
             },
         };
         assert_eq!(single.current_demand(), 0, "a finished job wants nothing");
@@ -695,6 +733,7 @@ mod tests {
                     predicted_final_iteration: 500,
                 },
             ],
+            throughput: Default::default(),
         };
         let remaining: Vec<f64> = curve
             .jobs_remaining(1)

@@ -13,6 +13,8 @@ pub enum MarketError {
     InvalidFairnessKnob(f64),
     #[error("app {0} is already in the market")]
     DuplicateApp(AppId),
+    #[error("app {0}: {1}")]
+    Throughput(AppId, String),
     #[error("app {0} is not in the market")]
     UnknownApp(AppId),
     #[error("app {0} was not offered GPUs in this round, so it cannot bid")]

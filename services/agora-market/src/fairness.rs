@@ -6,15 +6,20 @@
 //! whose GPU count changes between phases pauses to checkpoint and restore. T_sh's remaining
 //! time and T_cluster (the app alone on the whole cluster) are both [`plan_time`] of that model,
 //! so an app alone on an empty cluster has rho 1.
+//!
+//! On a cluster of mixed GPU types each job runs at the app's speed on the slowest GPU of its
+//! share ([`GpuSpeeds`]), and the app's scheduler places its most critical jobs on its fastest
+//! GPUs; with no throughput table every speed is 1 and nothing changes.
 
 use crate::app::{App, AppKind, JobInfo, PerformanceCurveAgent, SuccessiveHalvingAgent};
 use crate::rho::Rho;
+use crate::throughput::GpuSpeeds;
 use crate::time::Timestamp;
 use crate::topology::{GpuLocation, Locality};
 
 /// What the estimate needs besides the app and the GPUs: when it is, when the app arrived, how
 /// long the app would take alone on the cluster and how contended the cluster has been.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FairnessContext {
     pub now: Timestamp,
     pub arrival: Timestamp,
@@ -25,6 +30,8 @@ pub struct FairnessContext {
     pub average_contention: f64,
     /// How long a job pauses to checkpoint and restore when its GPU count changes.
     pub restart_pause_seconds: f64,
+    /// The app's speed on each GPU of the cluster.
+    pub speeds: GpuSpeeds,
 }
 
 /// rho of `app` if it holds `gpus` until it completes; `None` when that is never (no GPUs while
@@ -38,7 +45,7 @@ pub fn rho(app: &App, gpus: &[GpuLocation], context: &FairnessContext) -> Option
 /// T_sh: time already spent plus the time to finish holding `gpus`.
 pub fn shared_finish_time(app: &App, gpus: &[GpuLocation], context: &FairnessContext) -> f64 {
     context.now.saturating_since(context.arrival).as_secs_f64()
-        + remaining_time(app, gpus, context.restart_pause_seconds)
+        + remaining_time(app, gpus, &context.speeds, context.restart_pause_seconds)
 }
 
 /// T_id = T_cluster * N_avg.
@@ -46,11 +53,17 @@ pub fn independent_finish_time(context: &FairnessContext) -> f64 {
     context.cluster_seconds * context.average_contention.max(1.0)
 }
 
-/// Seconds until `app` completes if it holds `gpus` until then.
-pub fn remaining_time(app: &App, gpus: &[GpuLocation], restart_pause_seconds: f64) -> f64 {
+/// Seconds until `app` completes if it holds `gpus` (at `speeds`) until then.
+pub fn remaining_time(
+    app: &App,
+    gpus: &[GpuLocation],
+    speeds: &GpuSpeeds,
+    restart_pause_seconds: f64,
+) -> f64 {
     plan_time(
         &remaining_phases(app, gpus.len() as u32),
         gpus,
+        speeds,
         restart_pause_seconds,
     )
 }
@@ -59,8 +72,14 @@ pub fn remaining_time(app: &App, gpus: &[GpuLocation], restart_pause_seconds: f6
 /// under the same job model as [`remaining_time`]: each job within its demand, its phases one
 /// after another, each job at the slowdown of its own share, resizes paused. Unlike the paper's
 /// fluid bound (total work / min(R_C, demand)) it is a time the app can actually achieve.
-pub fn cluster_time(app: &App, cluster: &[GpuLocation], restart_pause_seconds: f64) -> f64 {
-    remaining_time(app, cluster, restart_pause_seconds)
+/// On a mixed cluster the app's jobs take its fastest GPUs first.
+pub fn cluster_time(
+    app: &App,
+    cluster: &[GpuLocation],
+    speeds: &GpuSpeeds,
+    restart_pause_seconds: f64,
+) -> f64 {
+    remaining_time(app, cluster, speeds, restart_pause_seconds)
 }
 
 /// The phases `app` still has to run, the current one first, as the agent API describes them
@@ -80,10 +99,16 @@ pub fn remaining_phases(app: &App, gpu_count: u32) -> Vec<Vec<JobInfo>> {
 /// and resizing pays: growing must save more than the restart pause it costs, and a share
 /// narrower than the width forces the resize. A phase runs on the GPUs the earlier ones used
 /// when they are enough (an app keeps the GPUs it started on), else on all of `gpus`; jobs
-/// that resize may move to better-placed GPUs of `gpus`, since they restart anyway.
-pub fn plan_time(phases: &[Vec<JobInfo>], gpus: &[GpuLocation], restart_pause_seconds: f64) -> f64 {
+/// that resize may move to better-placed GPUs of `gpus`, since they restart anyway. The GPUs
+/// are ordered fastest first (for the app, at `speeds`), then by topology.
+pub fn plan_time(
+    phases: &[Vec<JobInfo>],
+    gpus: &[GpuLocation],
+    speeds: &GpuSpeeds,
+    restart_pause_seconds: f64,
+) -> f64 {
     let mut ordered = gpus.to_vec();
-    ordered.sort_unstable();
+    speeds.sort_fastest_first(&mut ordered);
     let mut footprint: Vec<GpuLocation> = Vec::new();
     let mut width = None;
     let mut total = 0.0;
@@ -98,12 +123,12 @@ pub fn plan_time(phases: &[Vec<JobInfo>], gpus: &[GpuLocation], restart_pause_se
             ordered.clone()
         };
         let share = widest_share(jobs, pool.len());
-        let (resized, used) = phase_time(jobs, &pool);
+        let (resized, used) = phase_time(jobs, &pool, speeds);
         // Jobs that resize restart anyway, so they may move: to better-placed GPUs elsewhere
         // when the earlier phases' footprint places them worse.
         let mut pool_len = pool.len();
         let (resized, used) = if pool_len < ordered.len() && width.is_some_and(|w| w != share) {
-            let (moved, moved_used) = phase_time(jobs, &ordered);
+            let (moved, moved_used) = phase_time(jobs, &ordered, speeds);
             if moved < resized {
                 pool_len = ordered.len();
                 (moved, moved_used)
@@ -115,7 +140,7 @@ pub fn plan_time(phases: &[Vec<JobInfo>], gpus: &[GpuLocation], restart_pause_se
         };
         let (time, used) = match width {
             Some(previous) if share > previous => {
-                let (kept, kept_used) = phase_time(&capped(jobs, previous), &pool);
+                let (kept, kept_used) = phase_time(&capped(jobs, previous), &pool, speeds);
                 if kept - resized > restart_pause_seconds {
                     width = Some(share);
                     (resized + restart_pause_seconds, used)
@@ -204,8 +229,13 @@ pub fn job_widths(work: &[f64], max_gpus: &[u32], gpu_count: usize) -> Vec<usize
 /// Time for `jobs` to all finish on `ordered` (GPUs in topology order; the phase ends when its
 /// slowest job does), with the GPUs shared as [`job_widths`] does, and the GPUs the jobs use.
 /// With fewer GPUs than jobs the waiting jobs queue for the GPUs: longest job first onto the
-/// least-loaded GPU, as the §4.3.3 example schedules them.
-fn phase_time(jobs: &[JobInfo], ordered: &[GpuLocation]) -> (f64, Vec<GpuLocation>) {
+/// least-loaded GPU, as the §4.3.3 example schedules them. A job runs at the speed of the
+/// slowest GPU of its share.
+fn phase_time(
+    jobs: &[JobInfo],
+    ordered: &[GpuLocation],
+    speeds: &GpuSpeeds,
+) -> (f64, Vec<GpuLocation>) {
     if jobs.is_empty() {
         return (0.0, Vec::new());
     }
@@ -218,17 +248,19 @@ fn phase_time(jobs: &[JobInfo], ordered: &[GpuLocation]) -> (f64, Vec<GpuLocatio
         by_work.sort_by(|&a, &b| work[b].total_cmp(&work[a]));
         let mut load = vec![0.0_f64; ordered.len()];
         for job in by_work {
-            let least = load
+            let (gpu, least) = load
                 .iter_mut()
-                .min_by(|a, b| a.total_cmp(b))
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(b.1))
                 .expect("at least one gpu");
-            *least += work[job] * jobs[job].slowdown.at(Locality::SameSlot);
+            *least +=
+                work[job] * jobs[job].slowdown.at(Locality::SameSlot) / speeds.at(ordered[gpu]);
         }
         return (load.into_iter().fold(0.0, f64::max), ordered.to_vec());
     }
     let demands: Vec<u32> = jobs.iter().map(|job| job.max_gpus).collect();
     let widths = job_widths(&work, &demands, ordered.len());
-    let placed = place_widths(&widths, &work, ordered);
+    let placed = place_widths(&widths, &work, ordered, speeds);
     let time = placed
         .iter()
         .zip(jobs.iter().zip(&work))
@@ -236,7 +268,8 @@ fn phase_time(jobs: &[JobInfo], ordered: &[GpuLocation]) -> (f64, Vec<GpuLocatio
         .map(|(share, (job, &work))| {
             let used = share.len() as f64;
             let locality = Locality::of(share.iter().map(|&item| ordered[item]));
-            work * job.slowdown.at(locality) / used
+            let speed = speeds.slowest(share.iter().map(|&item| ordered[item]));
+            work * job.slowdown.at(locality) / used / speed
         })
         .fold(0.0, f64::max);
     (
@@ -252,10 +285,15 @@ fn phase_time(jobs: &[JobInfo], ordered: &[GpuLocation]) -> (f64, Vec<GpuLocatio
 /// How an app's scheduler places jobs of the given widths and remaining work on a pool of
 /// GPUs: the job with the most work per GPU first (the one the phase waits for gets the best
 /// placement), then the widest (then the order given), each on the best-placed free GPUs (the
-/// smallest slot, machine or rack that holds it). Returns each job's GPUs as positions in
-/// `pool`; a job of width 0 gets none, and a job gets fewer than its width only if the pool
-/// runs out.
-pub fn place_widths(widths: &[usize], work: &[f64], pool: &[GpuLocation]) -> Vec<Vec<usize>> {
+/// fastest, then smallest slot, machine or rack that holds it). Returns each job's GPUs as
+/// positions in `pool`; a job of width 0 gets none, and a job gets fewer than its width only
+/// if the pool runs out.
+pub fn place_widths(
+    widths: &[usize],
+    work: &[f64],
+    pool: &[GpuLocation],
+    speeds: &GpuSpeeds,
+) -> Vec<Vec<usize>> {
     let per_gpu = |job: usize| work[job] / widths[job].max(1) as f64;
     let mut critical_first: Vec<usize> = (0..widths.len()).collect();
     critical_first.sort_by(|&a, &b| {
@@ -264,7 +302,7 @@ pub fn place_widths(widths: &[usize], work: &[f64], pool: &[GpuLocation]) -> Vec
             .then(widths[b].cmp(&widths[a]))
             .then(a.cmp(&b))
     });
-    let mut free = FreeGpus::new(pool);
+    let mut free = FreeGpus::new(pool, speeds);
     let mut placed = vec![Vec::new(); widths.len()];
     for job in critical_first {
         placed[job] = free.take_best_fit(widths[job]);
@@ -275,6 +313,7 @@ pub fn place_widths(widths: &[usize], work: &[f64], pool: &[GpuLocation]) -> Vec
 /// The free GPUs of a pool, grouped by slot, machine and rack, for best-fit placement.
 struct FreeGpus<'a> {
     pool: &'a [GpuLocation],
+    speeds: &'a GpuSpeeds,
     taken: Vec<bool>,
     /// Per level (slot, machine, rack): each container's number and its free positions, in
     /// pool order.
@@ -282,7 +321,7 @@ struct FreeGpus<'a> {
 }
 
 impl<'a> FreeGpus<'a> {
-    fn new(pool: &'a [GpuLocation]) -> Self {
+    fn new(pool: &'a [GpuLocation], speeds: &'a GpuSpeeds) -> Self {
         let containers = [
             |location: GpuLocation| location.slot,
             |location: GpuLocation| location.machine,
@@ -301,13 +340,15 @@ impl<'a> FreeGpus<'a> {
         });
         Self {
             pool,
+            speeds,
             taken: vec![false; pool.len()],
             containers,
         }
     }
 
     /// Takes `count` free GPUs from the smallest slot, else machine, else rack that has them
-    /// (ties to the lowest number), else the first free ones; fewer if fewer are free.
+    /// (the fastest first, then ties to the lowest number), else the first free ones; fewer if
+    /// fewer are free.
     fn take_best_fit(&mut self, count: usize) -> Vec<usize> {
         if count == 0 {
             return Vec::new();
@@ -320,13 +361,23 @@ impl<'a> FreeGpus<'a> {
                 .filter(|&position| !taken[position])
                 .collect()
         };
+        let pool = self.pool;
+        let speeds = self.speeds;
         let fitting = self.containers.iter().find_map(|level| {
             level
                 .iter()
-                .map(|(number, positions)| (free_in(positions), *number))
-                .filter(|(free, _)| free.len() >= count)
-                .min_by_key(|(free, number)| (free.len(), *number))
-                .map(|(free, _)| free)
+                .map(|(number, positions)| {
+                    let free = free_in(positions);
+                    let speed = speeds.slowest(free.iter().take(count).map(|&item| pool[item]));
+                    (free, speed, *number)
+                })
+                .filter(|(free, ..)| free.len() >= count)
+                .min_by(|a, b| {
+                    b.1.total_cmp(&a.1)
+                        .then(a.0.len().cmp(&b.0.len()))
+                        .then(a.2.cmp(&b.2))
+                })
+                .map(|(free, ..)| free)
         });
         let chosen: Vec<usize> = fitting
             .unwrap_or_else(|| {
@@ -502,6 +553,7 @@ mod tests {
                 max_gpus_per_phase: Vec::new(),
                 current_phase: 0,
                 jobs,
+                throughput: Default::default(),
             }),
         };
         // The paper's T_cluster, B / min(R_C, demand) = 10,000 / 16, and no restart pause:
@@ -512,6 +564,7 @@ mod tests {
             cluster_seconds: 625.0,
             average_contention: 4.0,
             restart_pause_seconds: 0.0,
+            speeds: GpuSpeeds::UNIFORM,
         };
         (app, context)
     }
@@ -555,7 +608,7 @@ mod tests {
         search.advance_phase(&["b", "d"]);
         let gpus = sixteen_gpus();
         assert_eq!(
-            remaining_time(&app, &gpus[..2], 0.0),
+            remaining_time(&app, &gpus[..2], &GpuSpeeds::UNIFORM, 0.0),
             120.0 * 16.0 + 120.0 * 36.0 / 2.0
         );
     }
@@ -568,10 +621,13 @@ mod tests {
         single.slowdown = PlacementSlowdown::default();
         let app = App {
             id: AppId::from("single"),
-            kind: AppKind::SingleJob { job: single },
+            kind: AppKind::SingleJob {
+                job: single,
+                throughput: Default::default(),
+            },
         };
         let eight = sixteen_gpus();
-        let cluster_seconds = cluster_time(&app, &sixteen_gpus(), 35.0);
+        let cluster_seconds = cluster_time(&app, &sixteen_gpus(), &GpuSpeeds::UNIFORM, 35.0);
         assert_eq!(
             cluster_seconds,
             60.0 * 10.0 / 4.0,
@@ -583,6 +639,7 @@ mod tests {
             cluster_seconds,
             average_contention: 2.0,
             restart_pause_seconds: 35.0,
+            speeds: GpuSpeeds::UNIFORM,
         };
         // T_id = 150 * 2 = 300; two GPUs on two racks: S = 1.3.
         let across_racks = [
@@ -602,8 +659,8 @@ mod tests {
         assert!((value - expected).abs() < 1e-12);
         // More GPUs than the job's demand do not help.
         assert_eq!(
-            remaining_time(&app, &eight[..8], 35.0),
-            remaining_time(&app, &eight[..4], 35.0)
+            remaining_time(&app, &eight[..8], &GpuSpeeds::UNIFORM, 35.0),
+            remaining_time(&app, &eight[..4], &GpuSpeeds::UNIFORM, 35.0)
         );
     }
 
@@ -615,10 +672,16 @@ mod tests {
     #[test]
     fn cluster_time_is_the_job_model_on_the_whole_cluster() {
         let (app, context) = worked_example();
-        assert_eq!(cluster_time(&app, &sixteen_gpus(), 0.0), 890.0);
-        assert_eq!(cluster_time(&app, &sixteen_gpus(), 35.0), 925.0);
+        assert_eq!(
+            cluster_time(&app, &sixteen_gpus(), &GpuSpeeds::UNIFORM, 0.0),
+            890.0
+        );
+        assert_eq!(
+            cluster_time(&app, &sixteen_gpus(), &GpuSpeeds::UNIFORM, 35.0),
+            925.0
+        );
         let alone = FairnessContext {
-            cluster_seconds: cluster_time(&app, &sixteen_gpus(), 35.0),
+            cluster_seconds: cluster_time(&app, &sixteen_gpus(), &GpuSpeeds::UNIFORM, 35.0),
             average_contention: 1.0,
             restart_pause_seconds: 35.0,
             ..context
@@ -663,7 +726,7 @@ mod tests {
         };
         let phases = [vec![job(100.0, 2), job(100.0, 2)], vec![job(400.0, 4)]];
         let expected = 50.0 + 35.0 + 400.0 * 1.1 / 4.0;
-        assert!((plan_time(&phases, &gpus, 35.0) - expected).abs() < 1e-9);
+        assert!((plan_time(&phases, &gpus, &GpuSpeeds::UNIFORM, 35.0) - expected).abs() < 1e-9);
     }
 
     #[test]

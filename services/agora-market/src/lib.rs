@@ -25,6 +25,7 @@ pub mod policy;
 pub mod progress;
 pub mod rho;
 pub mod round;
+pub mod throughput;
 pub mod time;
 pub mod topology;
 

@@ -31,6 +31,7 @@ use crate::rho::RhoOld;
 use crate::round::{
     decide_round, decide_with, merge, offered_subset, Grants, RoundDecision, RoundInputs,
 };
+use crate::throughput::GpuSpeeds;
 use crate::time::Timestamp;
 use crate::topology::{Cluster, GpuId, GpuIndex, GpuLocation};
 
@@ -312,7 +313,25 @@ impl Market {
     /// T_cluster of `app` on this market's cluster now: its finish time holding every GPU.
     pub fn cluster_time(&self, app: &App) -> f64 {
         let cluster: Vec<GpuLocation> = self.cluster.gpus().map(|(_, gpu)| gpu.location).collect();
-        cluster_time(app, &cluster, self.config.restart_pause.as_secs_f64())
+        cluster_time(
+            app,
+            &cluster,
+            &self.speeds(app),
+            self.config.restart_pause.as_secs_f64(),
+        )
+    }
+
+    /// `app`'s speed on each GPU of the cluster as it is now.
+    fn speeds(&self, app: &App) -> GpuSpeeds {
+        GpuSpeeds::of(app.throughput(), &self.cluster)
+    }
+
+    /// Whether `app`'s throughput table gives a speed for every GPU type of the cluster (an
+    /// app with no table runs at one speed on all).
+    pub fn check_throughput(&self, app: &App) -> Result<(), MarketError> {
+        app.throughput()
+            .check_covers(&self.cluster)
+            .map_err(|reason| MarketError::Throughput(app.id.clone(), reason))
     }
 
     /// An app arrives; its T_cluster is computed on the cluster as it is now.
@@ -332,6 +351,7 @@ impl Market {
         if self.participants.contains_key(&app.id) {
             return Err(MarketError::DuplicateApp(app.id));
         }
+        self.check_throughput(&app)?;
         let participant = Participant {
             app,
             lifetime: self.contention.arrive(now),
@@ -685,6 +705,7 @@ impl Market {
                 .lifetime
                 .average_contention(&self.contention, now),
             restart_pause_seconds: self.config.restart_pause.as_secs_f64(),
+            speeds: self.speeds(&participant.app),
         }
     }
 
@@ -802,11 +823,7 @@ impl Market {
     /// second the app waits, so short apps, whose finish-time fairness suffers most from a
     /// wait, rise fastest.
     fn passed_over_rho(&self, app: &App, context: &FairnessContext) -> f64 {
-        let ideal = GpuLocation {
-            rack: 0,
-            machine: 0,
-            slot: 0,
-        };
+        let ideal = context.speeds.fastest_location();
         let whole_demand = vec![ideal; app.current_demand().max(1) as usize];
         rho(app, &whole_demand, context).map_or(f64::INFINITY, |rho| rho.get())
             + self.config.lease_length.as_secs_f64() / independent_finish_time(context)

@@ -29,10 +29,13 @@ pub enum Policy {
     /// Gavel's finish-time fairness (OSDI'20): LP time fractions minimising the maximum
     /// projected rho, rounded into leases each round.
     GavelFtf,
+    /// OEF, non-cooperative (Middleware'24): every app the same normalised throughput over the
+    /// GPU types, the most in total (an LP), rounded into leases each round.
+    Oef,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 8] = [
+    pub const ALL: [Policy; 9] = [
         Policy::Themis,
         Policy::Gandiva,
         Policy::Tiresias,
@@ -41,6 +44,7 @@ impl Policy {
         Policy::Srtf,
         Policy::Srsf,
         Policy::GavelFtf,
+        Policy::Oef,
     ];
 
     pub fn name(self) -> &'static str {
@@ -53,6 +57,7 @@ impl Policy {
             Policy::Srtf => "srtf",
             Policy::Srsf => "srsf",
             Policy::GavelFtf => "gavel-ftf",
+            Policy::Oef => "oef",
         }
     }
 }

@@ -66,7 +66,7 @@ impl App {
 
     fn job_mut(&mut self, id: &str) -> Option<&mut Job> {
         match &mut self.kind {
-            AppKind::SingleJob { job } => (job.id == id).then_some(job),
+            AppKind::SingleJob { job, .. } => (job.id == id).then_some(job),
             AppKind::SuccessiveHalving(search) => search.jobs.iter_mut().find(|job| job.id == id),
             AppKind::PerformanceCurve(search) => search
                 .jobs
@@ -166,6 +166,7 @@ mod tests {
             id: AppId::from("a"),
             kind: AppKind::SingleJob {
                 job: job("j", total),
+                throughput: Default::default(),
             },
         }
     }
@@ -192,7 +193,7 @@ mod tests {
         };
         let slowdowns = app.apply_progress(&[observed]).expect("valid");
         assert_eq!(slowdowns, vec![1.5]);
-        let AppKind::SingleJob { job } = &app.kind else {
+        let AppKind::SingleJob { job, .. } = &app.kind else {
             unreachable!("built as a single job")
         };
         assert_eq!(job.slowdown.at(Locality::CrossRack), 1.5);
@@ -232,6 +233,7 @@ mod tests {
                 max_gpus_per_phase: Vec::new(),
                 current_phase: 0,
                 jobs: vec![job("a", 30), job("b", 30)],
+                throughput: Default::default(),
             }),
         };
         app.apply_progress(&[report("a", 10)]).expect("valid");
@@ -264,6 +266,7 @@ mod tests {
                 max_gpus_per_phase: Vec::new(),
                 current_phase: 0,
                 jobs: vec![job("a", 9), job("b", 9)],
+                throughput: Default::default(),
             }),
         };
         app.apply_progress(&[report("a", 5)]).expect("valid");

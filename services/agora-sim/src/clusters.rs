@@ -36,6 +36,10 @@ pub mod shipped {
     pub const THEMIS_SIM_168: &str = "themis-sim-168.toml";
     /// Footnote 6's machine mix scaled up to the 256 GPUs the text reports.
     pub const THEMIS_SIM_256: &str = "themis-sim-256.toml";
+    /// Gavel's heterogeneous cluster: 36 K80, 36 P100 and 36 V100 GPUs.
+    pub const GAVEL_108: &str = "gavel-108.toml";
+    /// `THEMIS_SIM_256` with K80, P100 and V100 racks.
+    pub const THEMIS_SIM_256_MIXED: &str = "themis-sim-256-mixed.toml";
 
     /// Path of a shipped cluster file in this source tree.
     pub fn path(file_name: &str) -> PathBuf {

@@ -18,7 +18,7 @@ use agora_market::topology::{Cluster, ClusterSpec, MachineSpec, RackSpec, SlotSp
 use crate::charts::{self, LineChart, Series};
 use crate::clusters::{self, shipped};
 use crate::generate::{self, GeneratorConfig};
-use crate::metrics::SimulationReport;
+use crate::metrics::{RunSummary, SimulationReport};
 use crate::models::NETWORK_INTENSIVE_SLOWDOWN;
 use crate::simulator::{simulate, Misreport, SimulationConfig, SimulationError};
 use crate::workload::{Workload, WorkloadApp};
@@ -56,6 +56,11 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     (
         "fig19-sensitivity",
         "Themis's max rho and GPU time for fairness knob f x lease length (Workload 2)",
+    ),
+    (
+        "heterogeneous",
+        "max rho, Jain's index, mean JCT and makespan per policy on mixed K80/P100/V100 \
+         clusters at 1x-4x contention (Workload 1)",
     ),
 ];
 
@@ -174,6 +179,7 @@ pub fn run_experiment(
         "fig17-estimation-error" => estimation_error(&mut out, scale)?,
         "fig18-liar" => liar(&mut out, scale)?,
         "fig19-sensitivity" => sensitivity(&mut out, scale)?,
+        "heterogeneous" => heterogeneous(&mut out, scale)?,
         _ => return Err(ExperimentError::Unknown(name.to_owned())),
     };
     Ok(ExperimentOutput {
@@ -617,6 +623,109 @@ fn contention(out: &mut Output, scale: ExperimentScale) -> Result<String, Experi
     Ok(summary)
 }
 
+/// A column of the heterogeneous experiment: CSV name, chart label, value of a run.
+type Metric = (&'static str, &'static str, fn(&RunSummary) -> f64);
+
+const HETEROGENEOUS_METRICS: [Metric; 4] = [
+    ("max_rho", "max rho", |s| s.max_rho),
+    ("jains_index", "Jain's index of rho", |s| s.jains_index),
+    ("mean_jct_hours", "mean JCT (hours)", |s| {
+        s.mean_completion_seconds / HOURS
+    }),
+    ("makespan_hours", "makespan (hours)", |s| {
+        s.makespan_seconds / HOURS
+    }),
+];
+
+/// Workload 1 on Gavel's 108-GPU cluster and the mixed 256-GPU cluster, each scaled to 1,
+/// 1/2, 1/3 and 1/4 of its machines (contention 1x-4x), every policy; apps run at their
+/// models' measured speeds per type (`models::throughput_of`).
+fn heterogeneous(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
+    let workload = generate::workload1(&scale.generator())?;
+    let contention = [1.0, 2.0, 3.0, 4.0];
+    let mut summary = String::new();
+    for (name, file) in [
+        ("gavel108", shipped::GAVEL_108),
+        ("mixed256", shipped::THEMIS_SIM_256_MIXED),
+    ] {
+        let spec = clusters::load_cluster_spec(shipped::path(file))?;
+        let clusters: Vec<Cluster> = contention
+            .iter()
+            .map(|&c| {
+                Ok(Cluster::from_spec(&clusters::scale_cluster(
+                    &spec,
+                    1.0 / c,
+                )?)?)
+            })
+            .collect::<Result<_, ExperimentError>>()?;
+        let runs = every_policy(
+            clusters
+                .iter()
+                .zip(contention)
+                .map(|(cluster, c)| (format!("{name} x{c}"), cluster, &workload)),
+        );
+        let reports = simulate_all(&runs, scale.threads)?;
+        let gpus: Vec<usize> = clusters.iter().map(Cluster::len).collect();
+        let metrics = &HETEROGENEOUS_METRICS;
+        let mut csv = String::from("contention,gpus,policy,unfinished_apps");
+        for (column, ..) in metrics {
+            csv.push(',');
+            csv.push_str(column);
+        }
+        csv.push('\n');
+        for (i, &c) in contention.iter().enumerate() {
+            for (j, policy) in Policy::ALL.iter().enumerate() {
+                let s = &reports[i * Policy::ALL.len() + j].summary;
+                let _ = write!(csv, "{c},{},{policy},{}", gpus[i], s.unfinished_apps);
+                for (_, _, value) in metrics {
+                    let _ = write!(csv, ",{:.6}", value(s));
+                }
+                csv.push('\n');
+            }
+        }
+        out.csv(&format!("heterogeneous-{name}.csv"), &csv)?;
+        for (column, label, value) in metrics {
+            let series: Vec<Series> = Policy::ALL
+                .iter()
+                .enumerate()
+                .map(|(j, policy)| {
+                    let points = contention
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &c)| (c, value(&reports[i * Policy::ALL.len() + j].summary)))
+                        .collect();
+                    Series::new(policy.name(), points)
+                })
+                .collect();
+            out.lines(
+                &format!("heterogeneous-{name}-{column}.svg"),
+                &LineChart {
+                    title: &format!("{label} vs contention, workload1, {name} (GPUs {gpus:?})"),
+                    x_label: "contention (1 / cluster fraction)",
+                    y_label: label,
+                    markers: true,
+                    steps: false,
+                },
+                &series,
+            )?;
+        }
+        let _ = writeln!(summary, "{name}: cluster GPUs {gpus:?}");
+        for (i, &c) in contention.iter().enumerate() {
+            let at = &reports[i * Policy::ALL.len()..(i + 1) * Policy::ALL.len()];
+            let best = at
+                .iter()
+                .min_by(|a, b| a.summary.max_rho.total_cmp(&b.summary.max_rho))
+                .expect("every policy ran");
+            let _ = writeln!(
+                summary,
+                "  {c}x: lowest max rho {} {:.2} (themis {:.2})",
+                best.summary.policy, best.summary.max_rho, at[0].summary.max_rho
+            );
+        }
+    }
+    Ok(summary)
+}
+
 fn network(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
     let cluster = cluster_256()?;
     let fractions = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0];
@@ -804,6 +913,7 @@ pub fn liar_workload(scale: ExperimentScale) -> Workload {
                             slowdown: NETWORK_INTENSIVE_SLOWDOWN,
                             stopped: false,
                         },
+                        throughput: Default::default(),
                     },
                 },
                 job_quality: Default::default(),

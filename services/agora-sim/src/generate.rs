@@ -293,9 +293,15 @@ fn workload1_app(
     }
     let kind = if job_count == 1 {
         let job = jobs.remove(0).job;
-        AppKind::SingleJob { job }
+        AppKind::SingleJob {
+            job,
+            throughput: Default::default(),
+        }
     } else {
-        AppKind::PerformanceCurve(PerformanceCurve { jobs })
+        AppKind::PerformanceCurve(PerformanceCurve {
+            jobs,
+            throughput: Default::default(),
+        })
     };
     (kind, quality)
 }
@@ -351,6 +357,7 @@ fn workload2_app(
         jobs_per_phase,
         current_phase: 0,
         jobs,
+        throughput: Default::default(),
     };
     (AppKind::SuccessiveHalving(search), quality)
 }

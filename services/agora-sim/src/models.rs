@@ -9,6 +9,7 @@
 //! [`DEFAULT_SLOWDOWN`].
 
 use agora_market::app::PlacementSlowdown;
+use agora_market::throughput::Throughput;
 use serde::{Deserialize, Serialize};
 
 /// How a model's iterations slow down when its GPUs are spread out.
@@ -93,6 +94,77 @@ impl ModelSpec {
     pub fn slowdown(&self) -> PlacementSlowdown {
         self.sensitivity.slowdown()
     }
+}
+
+/// The model families whose single-GPU throughput Gavel measured on K80, P100 and V100 GPUs
+/// (Narayanan et al., OSDI'20): `scheduler/simulation_throughputs.json` of
+/// stanford-futuredata/gavel at commit c4fa40097339e9608ab71fd64c8bdea96a5e4a4c, the
+/// isolated (`null`) throughput of one worker. Each catalogue model takes the family nearest
+/// to its architecture ([`measured_family`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MeasuredFamily {
+    /// ResNet-50 on ImageNet, batch size 64: 0.619 / 2.619 / 4.395 iterations/s.
+    ResNet50,
+    /// ResNet-18 on CIFAR-10, batch size 64: 7.052 / 22.305 / 24.093 iterations/s.
+    ResNet18,
+    /// LSTM language model on Wikitext-2, batch size 20: 17.142 / 58.173 / 64.742 iterations/s.
+    LanguageModel,
+    /// Transformer on Multi30k, batch size 64: 1.752 / 5.092 / 8.618 iterations/s.
+    Transformer,
+    /// CycleGAN on monet2photo: 0.505 / 2.403 / 4.426 iterations/s.
+    CycleGan,
+}
+
+impl MeasuredFamily {
+    /// Iterations per second on one K80, P100 and V100 (Gavel's measurements, rounded to
+    /// three decimals).
+    pub fn iterations_per_second(self) -> [(&'static str, f64); 3] {
+        let [k80, p100, v100] = match self {
+            Self::ResNet50 => [0.619, 2.619, 4.395],
+            Self::ResNet18 => [7.052, 22.305, 24.093],
+            Self::LanguageModel => [17.142, 58.173, 64.742],
+            Self::Transformer => [1.752, 5.092, 8.618],
+            Self::CycleGan => [0.505, 2.403, 4.426],
+        };
+        [("k80", k80), ("p100", p100), ("v100", v100)]
+    }
+
+    /// Speeds relative to the K80 (1.0): the catalogue's serial iteration times are
+    /// K80-class.
+    pub fn throughput(self) -> Throughput {
+        let measured = self.iterations_per_second();
+        let k80 = measured[0].1;
+        Throughput(
+            measured
+                .into_iter()
+                .map(|(gpu_type, rate)| (gpu_type.to_owned(), rate / k80))
+                .collect(),
+        )
+    }
+}
+
+/// The measured family nearest a catalogue model: convolutional image models with ResNet-50
+/// (ResNets, Inceptions, GoogLeNet) or, for the plain stacks of AlexNet and VGG, ResNet-18;
+/// recurrent models (LSTM language models, GNMT, BiDAF, DeepSpeech2) with the LSTM language
+/// model; the Transformer with itself; WaveNet, a convolutional generative model, with
+/// CycleGAN. Unknown models take ResNet-50, the middle of the measured spread.
+pub fn measured_family(model: &str) -> MeasuredFamily {
+    let Some(spec) = lookup(model) else {
+        return MeasuredFamily::ResNet50;
+    };
+    match spec.name {
+        "alexnet" | "vgg11" | "vgg16" | "vgg19" => MeasuredFamily::ResNet18,
+        "bi-att-flow" | "langmodel" | "gnmt" | "deepspeech" => MeasuredFamily::LanguageModel,
+        "transformer" => MeasuredFamily::Transformer,
+        "wavenet" => MeasuredFamily::CycleGan,
+        _ => MeasuredFamily::ResNet50,
+    }
+}
+
+/// The default throughput table of `model` (Gavel's measurements, [`MeasuredFamily`]).
+pub fn throughput_of(model: &str) -> Throughput {
+    measured_family(model).throughput()
 }
 
 const fn model(

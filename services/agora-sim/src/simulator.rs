@@ -14,6 +14,7 @@ use std::time::Duration;
 use agora_market::app::{App, AppId, AppKind, Job, PlacementSlowdown, SuccessiveHalving};
 use agora_market::fairness::{job_widths, place_widths, plan_time, ContentionTracker, Lifetime};
 use agora_market::market::{Market, MarketConfig, MarketError};
+use agora_market::throughput::{gpu_types, GpuSpeeds};
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, GpuIndex, GpuLocation};
 use rand::{RngExt, SeedableRng};
@@ -21,6 +22,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::{AppReport, MechanismStats, SimulationReport};
+use crate::models;
 use crate::trace::MAX_ARRIVAL_SECONDS;
 use crate::workload::{Workload, WorkloadApp};
 
@@ -130,6 +132,8 @@ struct RunningApp {
     lifetime: Lifetime,
     /// T_cluster with hindsight ([`hindsight_cluster_time`]).
     cluster_seconds: f64,
+    /// The app's true speed on each GPU of the cluster.
+    speeds: GpuSpeeds,
     gpu_seconds: f64,
     placement_score_seconds: f64,
     running_job_seconds: f64,
@@ -170,6 +174,11 @@ impl<'a> World<'a> {
         config: &'a SimulationConfig,
     ) -> Result<Self, SimulationError> {
         let mut pending = workload.apps.clone();
+        if gpu_types(cluster).len() > 1 {
+            for entry in &mut pending {
+                with_default_throughput(entry);
+            }
+        }
         let mut seen = BTreeSet::new();
         for entry in &pending {
             if !seen.insert(entry.app.id.clone()) {
@@ -252,7 +261,7 @@ impl<'a> World<'a> {
         running_jobs(&app.truth)
             .filter_map(|job| {
                 let running = &app.jobs[&job.id];
-                let speed = self.iterations_per_second(&app.truth, job, &running.gpus)?;
+                let speed = self.iterations_per_second(app, job, &running.gpus)?;
                 let left = (target_iterations(&app.truth, job) - running.completed).max(0.0);
                 let start = running.paused_until.max(self.now);
                 Some(
@@ -264,13 +273,14 @@ impl<'a> World<'a> {
             .min()
     }
 
-    fn iterations_per_second(&self, app: &App, job: &Job, gpus: &[GpuIndex]) -> Option<f64> {
+    fn iterations_per_second(&self, app: &RunningApp, job: &Job, gpus: &[GpuIndex]) -> Option<f64> {
         if gpus.is_empty() {
             return None;
         }
-        let used = gpus.len().min(app.job_max_gpus(job).max(1) as usize);
+        let used = gpus.len().min(app.truth.job_max_gpus(job).max(1) as usize);
         let slowdown = job.slowdown.at(self.cluster.locality(&gpus[..used]));
-        Some(used as f64 / (job.serial_iteration_time * slowdown))
+        let speed = slowest_speed(&app.speeds, self.cluster, &gpus[..used]);
+        Some(used as f64 / (job.serial_iteration_time * slowdown) * speed)
     }
 
     /// Runs every job from `self.now` to `until` and books GPU time and placement.
@@ -287,12 +297,13 @@ impl<'a> World<'a> {
                 }
                 let used = running.gpus.len().min(cap);
                 let slowdown = job.slowdown.at(cluster.locality(&running.gpus[..used]));
+                let speed = slowest_speed(&app.speeds, cluster, &running.gpus[..used]);
                 let seconds = until
                     .saturating_since(running.paused_until.max(from))
                     .as_secs_f64();
                 let target = target_iterations(&app.truth, &job);
                 running.completed = (running.completed
-                    + seconds * used as f64 / (job.serial_iteration_time * slowdown))
+                    + seconds * used as f64 / (job.serial_iteration_time * slowdown) * speed)
                     .min(target);
                 app.placement_score_seconds += seconds / slowdown;
                 app.running_job_seconds += seconds;
@@ -417,13 +428,16 @@ impl<'a> World<'a> {
                 (job.id.clone(), running)
             })
             .collect();
+        let speeds = GpuSpeeds::of(entry.app.throughput(), self.cluster);
         let app = RunningApp {
             cluster_seconds: hindsight_cluster_time(
                 &entry.app,
                 &entry.job_quality,
                 &self.cluster_locations,
+                &speeds,
                 self.config.market.restart_pause.as_secs_f64(),
             ),
+            speeds,
             truth: entry.app,
             model: entry.model,
             quality: entry.job_quality,
@@ -514,7 +528,7 @@ impl<'a> World<'a> {
                     }
                 })
                 .collect();
-            let placed = place_jobs(&plans, &app.gpus, cluster, pause.as_secs_f64());
+            let placed = place_jobs(&plans, &app.gpus, cluster, &app.speeds, pause.as_secs_f64());
             let ids: Vec<String> = running_jobs(&app.truth).map(|job| job.id.clone()).collect();
             for (job, assigned) in ids.iter().zip(placed) {
                 let running = app.jobs.get_mut(job).expect("every job is tracked");
@@ -590,13 +604,15 @@ struct JobPlacement {
 }
 
 impl JobPlacement {
-    /// Seconds to finish on `gpus`.
-    fn time_on(&self, gpus: &[GpuIndex], cluster: &Cluster) -> f64 {
+    /// Seconds to finish on `gpus`, at the app's `speeds`.
+    fn time_on(&self, gpus: &[GpuIndex], cluster: &Cluster, speeds: &GpuSpeeds) -> f64 {
         if gpus.is_empty() {
             return f64::INFINITY;
         }
         let used = gpus.len().min(self.max_gpus.max(1) as usize);
-        self.work * self.slowdown.at(cluster.locality(&gpus[..used])) / used as f64
+        self.work * self.slowdown.at(cluster.locality(&gpus[..used]))
+            / used as f64
+            / slowest_speed(speeds, cluster, &gpus[..used])
     }
 }
 
@@ -619,6 +635,7 @@ fn place_jobs(
     jobs: &[JobPlacement],
     held: &[GpuIndex],
     cluster: &Cluster,
+    speeds: &GpuSpeeds,
     restart_pause_seconds: f64,
 ) -> Vec<Vec<GpuIndex>> {
     let work: Vec<f64> = jobs.iter().map(|job| job.work).collect();
@@ -640,10 +657,10 @@ fn place_jobs(
             .map(|(job, &width)| time(job, width))
             .fold(0.0, f64::max)
     };
-    let kept = slowest(&|job, _| job.time_on(&job.current, cluster));
+    let kept = slowest(&|job, _| job.time_on(&job.current, cluster, speeds));
     let resized = slowest(&|job, width| {
         let current = job.current.len();
-        job.time_on(&job.current, cluster) * current as f64 / width.max(current) as f64
+        job.time_on(&job.current, cluster, speeds) * current as f64 / width.max(current) as f64
     });
     let growth_pays = kept - resized > restart_pause_seconds;
     let resizes = |job: &JobPlacement, width: usize| {
@@ -688,7 +705,7 @@ fn place_jobs(
     let free = free_gpus(held, &placed);
     let pool: Vec<GpuLocation> = free.iter().map(|&gpu| cluster.location(gpu)).collect();
     let unplaced_work: Vec<f64> = unplaced.iter().map(|&job| work[job]).collect();
-    let placements = place_widths(&unplaced_widths, &unplaced_work, &pool);
+    let placements = place_widths(&unplaced_widths, &unplaced_work, &pool, speeds);
     for (&job, positions) in unplaced.iter().zip(placements) {
         placed[job] = positions
             .into_iter()
@@ -714,6 +731,7 @@ pub fn hindsight_cluster_time(
     app: &App,
     quality: &BTreeMap<String, f64>,
     cluster: &[GpuLocation],
+    speeds: &GpuSpeeds,
     restart_pause_seconds: f64,
 ) -> f64 {
     let mut app = app.clone();
@@ -738,7 +756,20 @@ pub fn hindsight_cluster_time(
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         search.advance_phase(&names);
     }
-    plan_time(&phases, cluster, restart_pause_seconds)
+    plan_time(&phases, cluster, speeds, restart_pause_seconds)
+}
+
+/// On a cluster of several GPU types, an app that declares no throughput table runs at its
+/// model's measured speeds ([`models::throughput_of`]); on one type, speeds change nothing.
+fn with_default_throughput(entry: &mut WorkloadApp) {
+    if entry.app.throughput().is_empty() {
+        *entry.app.throughput_mut() = models::throughput_of(&entry.model);
+    }
+}
+
+/// The speed of a job on `gpus`: that of the slowest of them.
+fn slowest_speed(speeds: &GpuSpeeds, cluster: &Cluster, gpus: &[GpuIndex]) -> f64 {
+    speeds.slowest(gpus.iter().map(|&gpu| cluster.location(gpu)))
 }
 
 /// The jobs a successive-halving search keeps for its next phase: the best by quality (ties by
@@ -771,7 +802,7 @@ fn exaggerate(slowdown: PlacementSlowdown, exaggeration: f64) -> PlacementSlowdo
 
 fn all_jobs(app: &App) -> Box<dyn Iterator<Item = &Job> + '_> {
     match &app.kind {
-        AppKind::SingleJob { job } => Box::new(std::iter::once(job)),
+        AppKind::SingleJob { job, .. } => Box::new(std::iter::once(job)),
         AppKind::SuccessiveHalving(search) => Box::new(search.jobs.iter()),
         AppKind::PerformanceCurve(search) => Box::new(search.jobs.iter().map(|curve| &curve.job)),
     }
@@ -779,7 +810,7 @@ fn all_jobs(app: &App) -> Box<dyn Iterator<Item = &Job> + '_> {
 
 fn all_jobs_mut(app: &mut App) -> Box<dyn Iterator<Item = &mut Job> + '_> {
     match &mut app.kind {
-        AppKind::SingleJob { job } => Box::new(std::iter::once(job)),
+        AppKind::SingleJob { job, .. } => Box::new(std::iter::once(job)),
         AppKind::SuccessiveHalving(search) => Box::new(search.jobs.iter_mut()),
         AppKind::PerformanceCurve(search) => {
             Box::new(search.jobs.iter_mut().map(|curve| &mut curve.job))

@@ -399,7 +399,10 @@ impl Row<'_> {
             model: model.to_owned(),
             app: App {
                 id: AppId(id),
-                kind: AppKind::SingleJob { job },
+                kind: AppKind::SingleJob {
+                    job,
+                    throughput: Default::default(),
+                },
             },
             job_quality: Default::default(),
         })

@@ -40,7 +40,7 @@ fn check(name: &str, csvs: &[(&str, &str)], svgs: &[&str]) -> PathBuf {
 
 #[test]
 fn every_listed_experiment_is_known_and_unknown_names_are_rejected() {
-    assert_eq!(EXPERIMENTS.len(), 8);
+    assert_eq!(EXPERIMENTS.len(), 9);
     let error = run_experiment("fig99", &out_dir("unknown"), ExperimentScale::tiny())
         .expect_err("not an experiment");
     assert!(error.to_string().contains("fig18-liar"), "{error}");
@@ -74,8 +74,8 @@ fn gpu_time() {
         )],
         &["fig11-12-gpu-time.svg"],
     );
-    // Two workloads x eight policies.
-    assert_eq!(read(&dir, "gpu-time.csv").lines().count(), 1 + 16);
+    // Two workloads x nine policies.
+    assert_eq!(read(&dir, "gpu-time.csv").lines().count(), 1 + 18);
 }
 
 #[test]
@@ -100,7 +100,7 @@ fn contention() {
         )],
         &["fig14-contention.svg"],
     );
-    assert_eq!(read(&dir, "contention.csv").lines().count(), 1 + 3 * 8);
+    assert_eq!(read(&dir, "contention.csv").lines().count(), 1 + 3 * 9);
 }
 
 #[test]
@@ -113,7 +113,7 @@ fn network() {
         )],
         &["fig15-network-max-rho.svg", "fig16-network-gpu-time.svg"],
     );
-    assert_eq!(read(&dir, "network.csv").lines().count(), 1 + 6 * 8);
+    assert_eq!(read(&dir, "network.csv").lines().count(), 1 + 6 * 9);
 }
 
 #[test]
@@ -192,4 +192,25 @@ fn full_size_runs() {
             output.summary
         );
     }
+}
+
+#[test]
+fn heterogeneous() {
+    let header =
+        "contention,gpus,policy,unfinished_apps,max_rho,jains_index,mean_jct_hours,makespan_hours";
+    let dir = check(
+        "heterogeneous",
+        &[
+            ("heterogeneous-gavel108.csv", header),
+            ("heterogeneous-mixed256.csv", header),
+        ],
+        &[
+            "heterogeneous-gavel108-max_rho.svg",
+            "heterogeneous-mixed256-jains_index.svg",
+        ],
+    );
+    assert_eq!(
+        read(&dir, "heterogeneous-gavel108.csv").lines().count(),
+        1 + 4 * 9
+    );
 }

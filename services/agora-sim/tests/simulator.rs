@@ -45,6 +45,7 @@ fn single(id: &str, iterations: u64, max_gpus: u32) -> App {
         id: AppId::from(id),
         kind: AppKind::SingleJob {
             job: job(&format!("{id}-job"), iterations, 1.0, max_gpus),
+            throughput: Default::default(),
         },
     }
 }
@@ -166,6 +167,7 @@ fn successive_halving_keeps_the_better_half() {
         max_gpus_per_phase: Vec::new(),
         current_phase: 0,
         jobs,
+        throughput: Default::default(),
     };
     let mut entry = arriving(
         0.0,
@@ -201,6 +203,7 @@ fn performance_curve_jobs_stop_at_their_prediction() {
                 predicted_final_iteration: 300,
             },
         ],
+        throughput: Default::default(),
     };
     let entry = arriving(
         0.0,
@@ -221,7 +224,7 @@ fn mixed_workload() -> Vec<WorkloadApp> {
         .map(|n| {
             let id = format!("app{n:02}");
             let mut app = single(&id, 200 + 50 * n, 1 + (n as u32 % 4));
-            if let AppKind::SingleJob { job } = &mut app.kind {
+            if let AppKind::SingleJob { job, .. } = &mut app.kind {
                 job.slowdown = PlacementSlowdown::default();
             }
             arriving(n as f64 * 7.0, app)
@@ -355,7 +358,10 @@ fn skewed_curve(seed: u64) -> WorkloadApp {
         0.0,
         App {
             id: AppId::from("skewed"),
-            kind: AppKind::PerformanceCurve(PerformanceCurve { jobs }),
+            kind: AppKind::PerformanceCurve(PerformanceCurve {
+                jobs,
+                throughput: Default::default(),
+            }),
         },
     )
 }
@@ -505,4 +511,89 @@ fn a_squeezed_job_widens_again_when_its_app_has_idle_gpus() {
             app.t_cluster_seconds
         );
     }
+}
+
+/// FNV-1a, 64 bits: a digest the checked-in file can be recomputed with anywhere.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Clusters of one GPU type give the same reports, byte for byte, as before GPU types had
+/// speeds: every policy's JSON report and per-app CSV, as `agora simulate --out` writes them,
+/// against digests of main's output (`homogeneous-digests.txt`).
+#[test]
+fn homogeneous_reports_are_unchanged() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cluster = |name: &str| {
+        clusters::load_cluster(clusters::shipped::path(&format!("{name}.toml"))).expect("shipped")
+    };
+    let example =
+        agora_sim::trace::load_workload_json(root.join("workloads/example.json")).expect("shipped");
+    let cases = [
+        (
+            "example-testbed",
+            cluster("themis-testbed"),
+            example.clone(),
+        ),
+        (
+            "example-themis-sim-168",
+            cluster("themis-sim-168"),
+            example.clone(),
+        ),
+        ("example-themis-sim-256", cluster("themis-sim-256"), example),
+        (
+            "w1-testbed",
+            cluster("themis-testbed"),
+            generate::workload1(&GeneratorConfig::philly_like(3, 1, 0.005)).expect("valid"),
+        ),
+        (
+            "w2-168",
+            cluster("themis-sim-168"),
+            generate::workload2(&GeneratorConfig::philly_like(3, 2, 0.002)).expect("valid"),
+        ),
+    ];
+    let expected: Vec<String> = std::fs::read_to_string(root.join("tests/homogeneous-digests.txt"))
+        .expect("checked in")
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    for line in &expected {
+        let mut fields = line.split(' ');
+        let (Some(case), Some(policy)) = (fields.next(), fields.next()) else {
+            panic!("malformed digest line {line:?}");
+        };
+        let (_, cluster, workload) = cases
+            .iter()
+            .find(|(name, ..)| *name == case)
+            .expect("a known case");
+        let config = SimulationConfig {
+            market: MarketConfig {
+                policy: policy.parse().expect("a policy"),
+                fairness_knob: 0.8,
+                lease_length: Duration::from_secs(600),
+                restart_pause: Duration::from_secs(35),
+                ..MarketConfig::default()
+            },
+            seed: 0,
+            estimation_error: 0.0,
+            misreport: None,
+        };
+        let report = simulate(cluster, workload, &config, |_| {}).expect("simulates");
+        let mut json = serde_json::to_string_pretty(&report).expect("serialisable");
+        json.push('\n');
+        let actual = format!(
+            "{case} {policy} {:016x} {:016x}",
+            fnv1a(json.as_bytes()),
+            fnv1a(report.apps_csv().as_bytes())
+        );
+        assert_eq!(&actual, line, "the report differs from main's");
+    }
+    assert_eq!(
+        expected.len(),
+        cases.len() * 8,
+        "every case under the eight policies"
+    );
 }

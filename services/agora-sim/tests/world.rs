@@ -318,7 +318,7 @@ fn workload1_matches_the_traces_shape() {
     assert!(counts.iter().all(|&count| count <= 100.0));
     for entry in &workload.apps {
         match &entry.app.kind {
-            AppKind::SingleJob { job } => assert!(job.max_gpus <= 2),
+            AppKind::SingleJob { job, .. } => assert!(job.max_gpus <= 2),
             AppKind::PerformanceCurve(search) => {
                 let gpus = search.jobs[0].job.max_gpus;
                 assert!(gpus == 1 || gpus == 2);
@@ -428,7 +428,7 @@ fn network_share(workload: &Workload) -> f64 {
         .filter(|entry| {
             let AppKind::PerformanceCurve(search) = &entry.app.kind else {
                 return match &entry.app.kind {
-                    AppKind::SingleJob { job } => {
+                    AppKind::SingleJob { job, .. } => {
                         job.slowdown == models::NETWORK_INTENSIVE_SLOWDOWN
                     }
                     AppKind::SuccessiveHalving(search) => {
@@ -538,7 +538,7 @@ fn tiresias_trace_imports_one_app_per_row() {
     assert_eq!(first.app.id.0, "trace-0");
     assert_eq!(first.arrival_seconds, 0.0);
     assert_eq!(first.model, "vgg19");
-    let AppKind::SingleJob { job } = &first.app.kind else {
+    let AppKind::SingleJob { job, .. } = &first.app.kind else {
         panic!("one job per app");
     };
     assert_eq!(job.max_gpus, 1);
@@ -550,7 +550,7 @@ fn tiresias_trace_imports_one_app_per_row() {
     let second = &workload.apps[1];
     assert_eq!(second.app.id.0, "trace-1");
     assert_eq!(second.arrival_seconds, 30.0);
-    let AppKind::SingleJob { job } = &second.app.kind else {
+    let AppKind::SingleJob { job, .. } = &second.app.kind else {
         panic!("one job per app");
     };
     assert_eq!(job.max_gpus, 8);

@@ -41,7 +41,7 @@ pub struct SimulateArgs {
     workload: String,
 
     /// Comma-separated policies: themis, gandiva, tiresias, optimus, slaq, srtf, srsf,
-    /// gavel-ftf.
+    /// gavel-ftf, oef.
     #[arg(long, value_name = "LIST", default_value = "themis")]
     policy: String,
 

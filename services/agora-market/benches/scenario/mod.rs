@@ -293,6 +293,7 @@ pub fn random_app(rng: &mut ChaCha8Rng, id: String) -> App {
         let iterations = rng.random_range(1_000..10_000);
         AppKind::SingleJob {
             job: job(format!("{id}-job"), iterations, serial),
+            throughput: Default::default(),
         }
     } else {
         let jobs = pick(rng, &[(4u32, 0.4), (8, 0.4), (16, 0.2)]);
@@ -326,6 +327,7 @@ pub fn random_app(rng: &mut ChaCha8Rng, id: String) -> App {
             max_gpus_per_phase: Vec::new(),
             current_phase: 0,
             jobs,
+            throughput: Default::default(),
         })
     };
     App {
@@ -353,7 +355,7 @@ fn progress(market: &mut Market, seconds: f64, rng: &mut ChaCha8Rng) -> Vec<AppI
     for (id, gpus) in held {
         let app = market.app_mut(&id).expect("active app");
         match &mut app.kind {
-            AppKind::SingleJob { job } => {
+            AppKind::SingleJob { job, .. } => {
                 let total = job.total_iterations;
                 train(&mut [job], &gpus, seconds, |_| total);
             }

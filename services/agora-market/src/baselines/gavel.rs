@@ -66,7 +66,7 @@ use crate::app::AppId;
 use crate::auction::OfferedGpu;
 use crate::fairness::{independent_finish_time, remaining_time};
 use crate::leftover::{hand_out_in_order, Recipient};
-use crate::topology::{GpuId, GpuLocation};
+use crate::topology::GpuId;
 
 /// Relative tolerance of the bisection on t.
 const RELATIVE_TOLERANCE: f64 = 1e-6;
@@ -109,11 +109,12 @@ struct FtfApp {
 impl FtfApp {
     fn of(contender: &Contender, view: &RoundView) -> Self {
         let demand = contender.holds.len() + contender.unmet_demand;
-        let anchor = contender.holds.first().copied().unwrap_or(GpuLocation {
-            rack: 0,
-            machine: 0,
-            slot: 0,
-        });
+        let speeds = &contender.fairness.speeds;
+        let anchor = contender
+            .holds
+            .first()
+            .copied()
+            .unwrap_or_else(|| speeds.fastest_location());
         let mut gpus = contender.holds.clone();
         gpus.resize(demand.max(gpus.len()), anchor);
         Self {
@@ -121,6 +122,7 @@ impl FtfApp {
             remaining: remaining_time(
                 contender.app,
                 &gpus,
+                speeds,
                 contender.fairness.restart_pause_seconds,
             ),
             elapsed: view

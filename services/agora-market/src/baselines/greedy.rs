@@ -135,14 +135,16 @@ pub(super) fn placement_sensitivity(contender: &Contender) -> f64 {
 /// secondary for SRTF, §6.1).
 pub(super) fn negative_remaining_time_with_demand(contender: &Contender) -> f64 {
     let gpus = contender.holds.len() + contender.unmet_demand;
-    let anchor = contender.holds.first().copied().unwrap_or(GpuLocation {
-        rack: 0,
-        machine: 0,
-        slot: 0,
-    });
+    let speeds = &contender.fairness.speeds;
+    let anchor = contender
+        .holds
+        .first()
+        .copied()
+        .unwrap_or_else(|| speeds.fastest_location());
     -remaining_time(
         contender.app,
         &vec![anchor; gpus],
+        speeds,
         contender.fairness.restart_pause_seconds,
     )
 }
@@ -163,8 +165,9 @@ pub(super) fn throughput_scaling(
     let mut with_next = placed.to_vec();
     with_next.push(next);
     let pause = contender.fairness.restart_pause_seconds;
-    let after = remaining_time(contender.app, &with_next, pause);
-    let before = remaining_time(contender.app, placed, pause);
+    let speeds = &contender.fairness.speeds;
+    let after = remaining_time(contender.app, &with_next, speeds, pause);
+    let before = remaining_time(contender.app, placed, speeds, pause);
     if before.is_infinite() {
         f64::MAX
     } else {
@@ -187,7 +190,8 @@ pub(super) fn loss_reduction(
     let done = (1.0 - app.remaining_work_gpu_seconds() / total).clamp(0.0, 1.0);
     let lease = contender.lease_seconds;
     let loss_after = |gpus: &[GpuLocation]| {
-        let remaining = remaining_time(app, gpus, contender.fairness.restart_pause_seconds);
+        let fairness = &contender.fairness;
+        let remaining = remaining_time(app, gpus, &fairness.speeds, fairness.restart_pause_seconds);
         let fraction_of_rest = (lease / remaining).min(1.0);
         let progress = done + (1.0 - done) * fraction_of_rest;
         1.0 / (1.0 + 10.0 * progress)

@@ -1,10 +1,12 @@
 //! The baseline policies of Themis §6.1. Each sees the same round as Themis (the free GPUs and
 //! every active app with unmet demand) and hands the free GPUs out greedily by its own metric,
 //! taking best-placed GPUs near what each app holds. Gavel's finish-time fairness, a later
-//! fairness policy added as a modern anchor, rounds LP time fractions instead (`gavel.rs`).
+//! fairness policy added as a modern anchor, rounds LP time fractions instead (`gavel.rs`), and
+//! OEF, for clusters of several GPU types, rounds an LP's GPU counts per type (`oef.rs`).
 
 mod gavel;
 mod greedy;
+mod oef;
 
 use crate::app::{App, AppId};
 use crate::auction::OfferedGpu;
@@ -49,5 +51,6 @@ pub fn allocate(policy: Policy, view: &RoundView) -> BTreeMap<AppId, Vec<GpuId>>
         Policy::Optimus => greedy::one_gpu_at_a_time(view, greedy::throughput_scaling),
         Policy::Slaq => greedy::one_gpu_at_a_time(view, greedy::loss_reduction),
         Policy::GavelFtf => gavel::allocate(view),
+        Policy::Oef => oef::allocate(view),
     }
 }

@@ -130,7 +130,7 @@ fn gandiva_gives_the_placement_sensitive_app_the_packed_gpus() {
     };
     for (id, slowdown) in [("a", insensitive), ("b", sensitive)] {
         let mut app = single_job_app(id, 2, 1000, 1.0);
-        let AppKind::SingleJob { job } = &mut app.kind else {
+        let AppKind::SingleJob { job, .. } = &mut app.kind else {
             unreachable!()
         };
         job.slowdown = slowdown;
@@ -169,7 +169,7 @@ fn slaq_serves_the_app_whose_loss_falls_most() {
         .add_app(single_job_app("a", 2, 1000, 1.0), Timestamp(0))
         .expect("new app");
     let mut late = single_job_app("b", 2, 1000, 1.0);
-    let AppKind::SingleJob { job } = &mut late.kind else {
+    let AppKind::SingleJob { job, .. } = &mut late.kind else {
         unreachable!()
     };
     job.completed_iterations = 900;

@@ -4,6 +4,7 @@ use agora_market::app::{App, AppKind, PlacementSlowdown};
 use agora_market::auction::Offer;
 use agora_market::bids::{generate_bid, BidConfig, PreparedOffer};
 use agora_market::fairness::{independent_finish_time, rho, FairnessContext};
+use agora_market::throughput::GpuSpeeds;
 use agora_market::time::Timestamp;
 use agora_market::topology::{
     Cluster, ClusterSpec, GpuId, GpuIndex, GpuLocation, MachineSpec, RackSpec, SlotSpec,
@@ -31,6 +32,7 @@ fn context() -> FairnessContext {
         cluster_seconds: 400.0,
         average_contention: 3.0,
         restart_pause_seconds: 35.0,
+        speeds: GpuSpeeds::UNIFORM,
     }
 }
 
@@ -68,7 +70,7 @@ proptest! {
         machine_penalty in 1.0f64..1.5,
     ) {
         let mut app = single_job_app("a", demand, 1000, 2.0);
-        let AppKind::SingleJob { job } = &mut app.kind else { unreachable!() };
+        let AppKind::SingleJob { job, .. } = &mut app.kind else { unreachable!() };
         job.slowdown = PlacementSlowdown {
             same_slot: 1.0,
             same_machine: machine_penalty,
@@ -151,7 +153,7 @@ fn table_respects_the_cap_for_large_demands() {
 fn a_renewing_app_bids_to_move_next_to_what_it_holds() {
     let cluster = Cluster::from_spec(&ClusterSpec::uniform(1, 2, 1, 4)).expect("valid spec");
     let mut app = single_job_app("a", 4, 100_000, 1.0);
-    let AppKind::SingleJob { job } = &mut app.kind else {
+    let AppKind::SingleJob { job, .. } = &mut app.kind else {
         unreachable!()
     };
     job.slowdown = PlacementSlowdown {

@@ -3,6 +3,7 @@
 mod auction;
 mod baselines;
 mod bids;
+mod heterogeneous;
 mod hosts;
 mod live;
 mod market;

@@ -46,6 +46,7 @@ fn a_survivor_past_several_rungs_keeps_its_app_bidding_once_the_last_loser_stops
             max_gpus_per_phase: Vec::new(),
             current_phase: 0,
             jobs: vec![job("a", 9), job("b", 9)],
+            throughput: Default::default(),
         }),
     };
     let config = MarketConfig {

@@ -25,6 +25,7 @@ pub fn single_job_app(id: &str, max_gpus: u32, iterations: u64, serial_seconds: 
                 slowdown: PlacementSlowdown::default(),
                 stopped: false,
             },
+            throughput: Default::default(),
         },
     }
 }

@@ -1,0 +1,228 @@
+//! Heterogeneous GPUs: how fast an app runs on each GPU type.
+//!
+//! An app may declare a [`Throughput`] table, its speed on each GPU type relative to the speed
+//! its serial iteration times were measured at (1.0). An app without a table runs at 1.0 on
+//! every type, which is the engine's behaviour on clusters of one type. [`GpuSpeeds`] resolves
+//! a table against a cluster: the app's speed on each GPU, which the job model
+//! ([`crate::fairness`]) divides its iteration times by.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::topology::{Cluster, GpuLocation};
+
+/// An app's relative speed per GPU type (by the cluster's `gpu_type` names): 1.0 is the speed
+/// its `serial_iteration_time`s were measured at, 2.0 twice as fast. Empty: the same speed on
+/// every type.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Throughput(pub BTreeMap<String, f64>);
+
+impl Throughput {
+    /// Whether the table says nothing: every type runs at speed 1.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every speed finite and positive, naming the first one that is not.
+    pub fn validate(&self) -> Result<(), String> {
+        match self
+            .0
+            .iter()
+            .find(|(_, &speed)| !(speed.is_finite() && speed > 0.0))
+        {
+            Some((gpu_type, speed)) => Err(format!(
+                "throughput.{gpu_type} must be a finite speed > 0, got {speed}"
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// A table that says anything must give a speed for every GPU type of `cluster`.
+    pub fn check_covers(&self, cluster: &Cluster) -> Result<(), String> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        match cluster
+            .gpus()
+            .map(|(_, gpu)| gpu.gpu_type.as_str())
+            .find(|gpu_type| !self.0.contains_key(*gpu_type))
+        {
+            Some(missing) => Err(format!(
+                "throughput has no speed for GPU type `{missing}`, which the cluster has; give \
+                 one for every type ({})",
+                gpu_types(cluster).join(", ")
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The speed on `gpu_type`. A type the table does not list (a host of a new type joined
+    /// after the app registered) counts at the table's lowest speed: the estimate errs towards
+    /// a later finish, never an earlier one.
+    pub fn speed_on(&self, gpu_type: &str) -> f64 {
+        self.0
+            .get(gpu_type)
+            .copied()
+            .unwrap_or_else(|| self.0.values().copied().reduce(f64::min).unwrap_or(1.0))
+    }
+}
+
+/// The distinct GPU types of `cluster`, sorted.
+pub fn gpu_types(cluster: &Cluster) -> Vec<&str> {
+    let mut types: Vec<&str> = cluster
+        .gpus()
+        .map(|(_, gpu)| gpu.gpu_type.as_str())
+        .collect();
+    types.sort_unstable();
+    types.dedup();
+    types
+}
+
+/// One app's speed on each GPU of a cluster, by slot (a slot holding GPUs of several types
+/// counts at the slowest of them, since a job spread over it waits for its slowest GPU).
+/// Uniform (1.0 everywhere) when the app has no table.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GpuSpeeds {
+    by_slot: Option<Arc<[f64]>>,
+}
+
+impl GpuSpeeds {
+    /// Speed 1 on every GPU.
+    pub const UNIFORM: Self = Self { by_slot: None };
+
+    /// The speeds of an app with `throughput` on `cluster`.
+    pub fn of(throughput: &Throughput, cluster: &Cluster) -> Self {
+        if throughput.is_empty() {
+            return Self::UNIFORM;
+        }
+        let slots = cluster
+            .gpus()
+            .map(|(_, gpu)| gpu.location.slot as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut by_slot = vec![f64::INFINITY; slots];
+        for (_, gpu) in cluster.gpus() {
+            let slot = &mut by_slot[gpu.location.slot as usize];
+            *slot = slot.min(throughput.speed_on(&gpu.gpu_type));
+        }
+        Self {
+            by_slot: Some(by_slot.into()),
+        }
+    }
+
+    /// The speed on the GPU at `location` (1.0 outside the cluster).
+    pub fn at(&self, location: GpuLocation) -> f64 {
+        self.by_slot
+            .as_ref()
+            .and_then(|speeds| speeds.get(location.slot as usize))
+            .copied()
+            .filter(|speed| speed.is_finite())
+            .unwrap_or(1.0)
+    }
+
+    /// The slowest speed among `gpus` (1.0 for none): a data-parallel job's iterations wait
+    /// for its slowest GPU.
+    pub fn slowest(&self, gpus: impl IntoIterator<Item = GpuLocation>) -> f64 {
+        gpus.into_iter()
+            .map(|location| self.at(location))
+            .reduce(f64::min)
+            .unwrap_or(1.0)
+    }
+
+    /// A location on the fastest slot (slot 0 when uniform): where an ideally placed bundle
+    /// sits.
+    pub fn fastest_location(&self) -> GpuLocation {
+        let slot = self.by_slot.as_ref().map_or(0, |speeds| {
+            speeds
+                .iter()
+                .enumerate()
+                .filter(|(_, speed)| speed.is_finite())
+                .fold(
+                    None,
+                    |best: Option<(usize, f64)>, (slot, &speed)| match best {
+                        Some((_, fastest)) if fastest >= speed => best,
+                        _ => Some((slot, speed)),
+                    },
+                )
+                .map_or(0, |(slot, _)| slot as u32)
+        });
+        GpuLocation {
+            rack: 0,
+            machine: 0,
+            slot,
+        }
+    }
+
+    /// Orders `gpus` fastest first, then in topology order (only topology order when uniform).
+    pub fn sort_fastest_first(&self, gpus: &mut [GpuLocation]) {
+        gpus.sort_by(|a, b| self.at(*b).total_cmp(&self.at(*a)).then(a.cmp(b)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::{Gpu, GpuId};
+
+    fn typed_cluster() -> Cluster {
+        let gpu = |id: &str, gpu_type: &str, slot| Gpu {
+            id: GpuId::from(id),
+            gpu_type: gpu_type.to_owned(),
+            location: GpuLocation {
+                rack: 0,
+                machine: slot,
+                slot,
+            },
+        };
+        Cluster::new(vec![gpu("a", "k80", 0), gpu("b", "v100", 1)]).expect("valid")
+    }
+
+    fn table(entries: &[(&str, f64)]) -> Throughput {
+        Throughput(
+            entries
+                .iter()
+                .map(|&(gpu_type, speed)| (gpu_type.to_owned(), speed))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn bad_speeds_are_errors_naming_the_type() {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let error = table(&[("k80", 1.0), ("v100", bad)])
+                .validate()
+                .expect_err("not a speed");
+            assert!(error.starts_with("throughput.v100 must be"), "{error}");
+        }
+        assert_eq!(table(&[("k80", 0.5)]).validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_table_missing_a_type_of_the_cluster_is_an_error() {
+        let error = table(&[("k80", 1.0)])
+            .check_covers(&typed_cluster())
+            .expect_err("no v100");
+        assert!(error.contains("`v100`"), "{error}");
+        assert_eq!(Throughput::default().check_covers(&typed_cluster()), Ok(()));
+    }
+
+    #[test]
+    fn speeds_resolve_per_slot_and_default_to_one() {
+        let speeds = GpuSpeeds::of(&table(&[("k80", 0.25), ("v100", 1.0)]), &typed_cluster());
+        let slot = |slot| GpuLocation {
+            rack: 0,
+            machine: slot,
+            slot,
+        };
+        assert_eq!(speeds.at(slot(0)), 0.25);
+        assert_eq!(speeds.at(slot(1)), 1.0);
+        assert_eq!(speeds.slowest([slot(0), slot(1)]), 0.25);
+        assert_eq!(speeds.fastest_location().slot, 1);
+        assert_eq!(GpuSpeeds::UNIFORM.at(slot(0)), 1.0);
+        assert_eq!(table(&[("k80", 0.25)]).speed_on("a100"), 0.25);
+    }
+}

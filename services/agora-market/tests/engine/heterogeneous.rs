@@ -1,0 +1,223 @@
+//! Heterogeneous GPUs: rho, bids and a round's outcome when apps run at different speeds on
+//! different GPU types, checked by hand.
+
+use agora_market::app::{App, AppKind, PlacementSlowdown};
+use agora_market::auction::AppBid;
+use agora_market::market::{Market, MarketConfig, MarketError};
+use agora_market::throughput::Throughput;
+use agora_market::time::Timestamp;
+use agora_market::topology::{Cluster, Gpu, GpuId, GpuIndex, GpuLocation};
+
+use crate::support::single_job_app;
+
+/// Two V100s in slot 0 (machine 0) and two K80s in slot 1 (machine 1), one rack.
+fn two_types() -> Cluster {
+    let gpu = |id: &str, gpu_type: &str, slot: u32| Gpu {
+        id: GpuId::from(id),
+        gpu_type: gpu_type.to_owned(),
+        location: GpuLocation {
+            rack: 0,
+            machine: slot,
+            slot,
+        },
+    };
+    Cluster::new(vec![
+        gpu("v0", "v100", 0),
+        gpu("v1", "v100", 0),
+        gpu("k0", "k80", 1),
+        gpu("k1", "k80", 1),
+    ])
+    .expect("valid cluster")
+}
+
+fn table(k80: f64, v100: f64) -> Throughput {
+    Throughput([("k80".to_owned(), k80), ("v100".to_owned(), v100)].into())
+}
+
+/// One job of 1000 iterations of 1 s (at speed 1, the K80's), up to 2 GPUs, placement
+/// insensitive, with the given speeds.
+fn app(id: &str, throughput: Throughput) -> App {
+    let mut app = single_job_app(id, 2, 1000, 1.0);
+    if let AppKind::SingleJob { job, .. } = &mut app.kind {
+        job.slowdown = PlacementSlowdown::NONE;
+    }
+    *app.throughput_mut() = throughput;
+    app
+}
+
+fn is_v100(gpu: &GpuId) -> bool {
+    gpu.0.starts_with('v')
+}
+
+/// The hand-checked example of docs/mechanism.md ("Heterogeneous GPUs"). Three apps arrive at
+/// t = 0 on two V100s and two K80s, all bid (f = 0). A runs 4x faster on a V100 than on a
+/// K80, B 2x, C the same on both.
+///
+/// - T_cluster (each alone, on its 2 fastest GPUs): A 1000 / 2 / 4 = 125 s, B 250 s, C 500 s;
+///   N_avg = 3, so T_id = 375, 750 and 1500 s.
+/// - rho = remaining / T_id: A on one V100 250 / 375 = 2/3, on one K80 1000 / 375 = 8/3, on
+///   both V100s 1/3, on both K80s 4/3, on a V100 and a K80 (the K80's pace) 4/3; B 2/3, 4/3,
+///   1/3, 2/3, 2/3; C 2/3 on any one GPU and 1/3 on any two.
+/// - Bids (an entry must beat every smaller bundle): A {1 V100: 2/3, 1 K80: 8/3, 2 V100: 1/3},
+///   B {1 V100: 2/3, 1 K80: 4/3, 2 V100: 1/3} (2 K80 at 2/3 is no better than one V100), C
+///   {1 GPU of either type: 2/3, 2 GPUs of either type: 1/3}.
+/// - The auction serves all three (all starving) and, among those allocations, maximises the
+///   product of 1/rho: A a V100, B a V100, C both K80s gives 1.5 x 1.5 x 3 = 6.75, above any
+///   other (A both V100s, B and C a K80 each: 3 x 0.75 x 1.5 = 3.375). Each keeps its bundle
+///   (a starving winner keeps at least one GPU; C's share is 1: without C, A and B reach at
+///   best 1.5 x 1.5 = 3 x 0.75 = 2.25, what they get with it).
+/// - So the V100s go to the apps they speed up and the K80s to the app indifferent to type,
+///   and every app ends at rho 2/3, 2/3 and 1/3.
+#[test]
+fn two_types_three_apps_hand_checked() {
+    let config = MarketConfig {
+        fairness_knob: 0.0,
+        restart_pause: std::time::Duration::ZERO,
+        ..MarketConfig::default()
+    };
+    let mut market = Market::new(two_types(), config, Timestamp(0)).expect("valid config");
+    let apps = [
+        app("a", table(1.0, 4.0)),
+        app("b", table(1.0, 2.0)),
+        app("c", table(1.0, 1.0)),
+    ];
+    for app in &apps {
+        market.add_app(app.clone(), Timestamp(0)).expect("admitted");
+    }
+    let cluster_seconds: Vec<f64> = apps.iter().map(|app| market.cluster_time(app)).collect();
+    assert_eq!(cluster_seconds, vec![125.0, 250.0, 500.0]);
+
+    let (v0, v1, k0) = (GpuIndex(0), GpuIndex(1), GpuIndex(2));
+    let k1 = GpuIndex(3);
+    let rho = |app: &str, gpus: &[GpuIndex]| {
+        market
+            .rho_projection(&app.into(), gpus, Timestamp(0))
+            .expect("known app")
+            .projected
+            .expect("finite")
+            .get()
+    };
+    let third = 1.0 / 3.0;
+    let expected = [
+        (
+            "a",
+            [2.0 * third, 8.0 * third, third, 4.0 * third, 4.0 * third],
+        ),
+        (
+            "b",
+            [2.0 * third, 4.0 * third, third, 2.0 * third, 2.0 * third],
+        ),
+        ("c", [2.0 * third, 2.0 * third, third, third, third]),
+    ];
+    for (app, values) in expected {
+        let bundles: [&[GpuIndex]; 5] = [&[v0], &[k0], &[v0, v1], &[k0, k1], &[v0, k0]];
+        for (bundle, value) in bundles.into_iter().zip(values) {
+            let actual = rho(app, bundle);
+            assert!(
+                (actual - value).abs() < 1e-12,
+                "{app} on {bundle:?}: rho {actual}, expected {value}"
+            );
+        }
+    }
+
+    let outcome = market
+        .run_round(Timestamp(0), 7)
+        .expect("GPUs to offer")
+        .expect("a valid round");
+    let auction = outcome.auction.expect("a Themis round");
+    // Each bid as (V100s, K80s, rho) per entry, sorted.
+    let table_of = |bid: &AppBid| {
+        let mut entries: Vec<(usize, usize, f64)> = bid
+            .bids
+            .iter()
+            .map(|entry| {
+                let fast = entry.gpus.iter().filter(|gpu| is_v100(gpu)).count();
+                (fast, entry.gpus.len() - fast, entry.rho.get())
+            })
+            .collect();
+        entries.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
+        entries.dedup();
+        entries
+    };
+    let bid = |app: &str| {
+        table_of(
+            auction
+                .bids
+                .iter()
+                .find(|bid| bid.app.0 == app)
+                .expect("every app bids"),
+        )
+    };
+    let close = |actual: Vec<(usize, usize, f64)>, expected: Vec<(usize, usize, f64)>| {
+        assert_eq!(actual.len(), expected.len(), "{actual:?} vs {expected:?}");
+        for (got, want) in actual.iter().zip(&expected) {
+            assert!(
+                got.0 == want.0 && got.1 == want.1 && (got.2 - want.2).abs() < 1e-12,
+                "{actual:?} vs {expected:?}"
+            );
+        }
+    };
+    close(
+        bid("a"),
+        vec![(0, 1, 8.0 * third), (1, 0, 2.0 * third), (2, 0, third)],
+    );
+    close(
+        bid("b"),
+        vec![(0, 1, 4.0 * third), (1, 0, 2.0 * third), (2, 0, third)],
+    );
+    close(
+        bid("c"),
+        vec![
+            (0, 1, 2.0 * third),
+            (0, 2, third),
+            (1, 0, 2.0 * third),
+            (2, 0, third),
+        ],
+    );
+
+    let granted = |app: &str| {
+        let mut gpus: Vec<GpuId> = market
+            .leases()
+            .leases_of(&app.into())
+            .flat_map(|lease| {
+                lease
+                    .gpus
+                    .iter()
+                    .map(|&gpu| market.cluster().gpu(gpu).id.clone())
+            })
+            .collect();
+        gpus.sort();
+        (
+            gpus.iter().filter(|gpu| is_v100(gpu)).count(),
+            gpus.iter().filter(|gpu| !is_v100(gpu)).count(),
+        )
+    };
+    assert_eq!(granted("a"), (1, 0));
+    assert_eq!(granted("b"), (1, 0));
+    assert_eq!(granted("c"), (0, 2));
+    for (app, value) in [("a", 2.0 * third), ("b", 2.0 * third), ("c", third)] {
+        let current = market
+            .current_rho(&app.into(), Timestamp(0))
+            .expect("known")
+            .expect("holds GPUs")
+            .get();
+        assert!((current - value).abs() < 1e-12, "{app}: {current}");
+    }
+}
+
+#[test]
+fn a_table_without_a_type_of_the_cluster_is_refused_naming_it() {
+    let mut market =
+        Market::new(two_types(), MarketConfig::default(), Timestamp(0)).expect("valid config");
+    let only_k80 = app("a", Throughput([("k80".to_owned(), 1.0)].into()));
+    let error = market
+        .add_app(only_k80, Timestamp(0))
+        .expect_err("no v100 speed");
+    assert!(
+        matches!(&error, MarketError::Throughput(app, reason) if app.0 == "a" && reason.contains("`v100`")),
+        "{error}"
+    );
+    let negative = app("b", table(1.0, -2.0));
+    let refusal = negative.validate().expect_err("negative speed");
+    assert!(refusal.contains("throughput.v100"), "{refusal}");
+}
