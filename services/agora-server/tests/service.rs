@@ -292,9 +292,17 @@ async fn a_decision_the_database_refuses_stops_the_arbiter_and_says_why() {
     .expect("trigger");
 
     // The app's arrival opens a round, which the arbiter applies and the database refuses.
-    let tuner = service
-        .register(&vision, "tuner", "explicit", 2, 1_000)
+    // The writer may commit the registration with the round, in one refused transaction: then
+    // the registration is refused too, never stored without its answer.
+    let app = |name: &str| {
+        json!({ "name": name, "bidding": "explicit",
+                "app": { "kind": "single_job", "job": { "id": "j0", "total_iterations": 1_000,
+                         "serial_iteration_time": 1.0, "max_gpus": 2 } } })
+    };
+    let (status, body) = service
+        .call("POST", "/v1/apps", &vision, Some(app("tuner")))
         .await;
+    assert!(status == 201 || status == 503, "{status}: {body}");
     let reason = tokio::time::timeout(Duration::from_secs(5), service.running.failed())
         .await
         .expect("the arbiter stops");
@@ -305,12 +313,7 @@ async fn a_decision_the_database_refuses_stops_the_arbiter_and_says_why() {
 
     // Nothing is decided any more: requests for the arbiter are refused, not lost.
     let (status, problem) = service
-        .call(
-            "POST",
-            &format!("/v1/apps/{tuner}/progress"),
-            &vision,
-            Some(json!({ "jobs": [{ "job": "j0", "completed_iterations": 10 }] })),
-        )
+        .call("POST", "/v1/apps", &vision, Some(app("later")))
         .await;
     assert_eq!(
         (status, problem["code"].clone()),

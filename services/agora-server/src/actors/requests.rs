@@ -84,7 +84,7 @@ impl Arbiter {
         if let Err(reason) = probe
             .validate()
             .and(check_enforcement(&request.enforcement))
-            .and(probe.throughput().check_covers(self.market.cluster()))
+            .and(probe.throughput().check_covers(self.market().cluster()))
         {
             return refuse(ArbiterError::InvalidApp(reason));
         }
