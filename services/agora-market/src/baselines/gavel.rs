@@ -109,20 +109,14 @@ struct FtfApp {
 impl FtfApp {
     fn of(contender: &Contender, view: &RoundView) -> Self {
         let demand = contender.holds.len() + contender.unmet_demand;
-        let speeds = &contender.fairness.speeds;
-        let anchor = contender
-            .holds
-            .first()
-            .copied()
-            .unwrap_or_else(|| speeds.fastest_location());
         let mut gpus = contender.holds.clone();
-        gpus.resize(demand.max(gpus.len()), anchor);
+        gpus.resize(demand.max(gpus.len()), contender.anchor());
         Self {
             demand: demand as f64,
             remaining: remaining_time(
                 contender.app,
                 &gpus,
-                speeds,
+                &contender.fairness.speeds,
                 contender.fairness.restart_pause_seconds,
             ),
             elapsed: view
@@ -399,14 +393,7 @@ fn round(view: &RoundView, apps: &[FtfApp], fractions: &[f64]) -> BTreeMap<AppId
             let got = granted
                 .get(&contender.app.id)
                 .map_or(&[][..], Vec::as_slice);
-            let mut holds = contender.holds.clone();
-            holds.extend(got.iter().filter_map(location_of));
-            Recipient {
-                app: contender.app.id.clone(),
-                unmet_demand: contender.unmet_demand.saturating_sub(got.len()),
-                holds,
-                claimed: Vec::new(),
-            }
+            contender.recipient_after(got, location_of)
         })
         .collect();
     for (app, gpus) in hand_out_in_order(&mut pool, &second) {

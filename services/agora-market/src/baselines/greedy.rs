@@ -135,16 +135,10 @@ pub(super) fn placement_sensitivity(contender: &Contender) -> f64 {
 /// secondary for SRTF, §6.1).
 pub(super) fn negative_remaining_time_with_demand(contender: &Contender) -> f64 {
     let gpus = contender.holds.len() + contender.unmet_demand;
-    let speeds = &contender.fairness.speeds;
-    let anchor = contender
-        .holds
-        .first()
-        .copied()
-        .unwrap_or_else(|| speeds.fastest_location());
     -remaining_time(
         contender.app,
-        &vec![anchor; gpus],
-        speeds,
+        &vec![contender.anchor(); gpus],
+        &contender.fairness.speeds,
         contender.fairness.restart_pause_seconds,
     )
 }

@@ -11,6 +11,7 @@ mod oef;
 use crate::app::{App, AppId};
 use crate::auction::OfferedGpu;
 use crate::fairness::FairnessContext;
+use crate::leftover::Recipient;
 use crate::policy::Policy;
 use crate::rho::RhoOld;
 use crate::time::Timestamp;
@@ -29,6 +30,34 @@ pub struct Contender<'a> {
     pub rho: RhoOld,
     /// The round's lease length, in seconds: how far ahead greedy metrics look.
     pub lease_seconds: f64,
+}
+
+impl Contender<'_> {
+    /// Where a baseline imagines the app's next GPUs: next to the first it holds, or on the
+    /// cluster's fastest GPUs for the app.
+    fn anchor(&self) -> GpuLocation {
+        self.holds
+            .first()
+            .copied()
+            .unwrap_or_else(|| self.fairness.speeds.fastest_location())
+    }
+
+    /// The app as a recipient of what a first pass left, after that pass gave it `got`
+    /// (located by `location_of`).
+    fn recipient_after(
+        &self,
+        got: &[GpuId],
+        location_of: impl Fn(&GpuId) -> Option<GpuLocation>,
+    ) -> Recipient {
+        let mut holds = self.holds.clone();
+        holds.extend(got.iter().filter_map(location_of));
+        Recipient {
+            app: self.app.id.clone(),
+            unmet_demand: self.unmet_demand.saturating_sub(got.len()),
+            holds,
+            claimed: Vec::new(),
+        }
+    }
 }
 
 /// What a baseline decides from.

@@ -216,14 +216,7 @@ fn round(view: &RoundView, types: &GpuTypes, shares: &[Vec<f64>]) -> BTreeMap<Ap
             let got = granted
                 .get(&contender.app.id)
                 .map_or(&[][..], Vec::as_slice);
-            let mut holds = contender.holds.clone();
-            holds.extend(got.iter().filter_map(location_of));
-            Recipient {
-                app: contender.app.id.clone(),
-                unmet_demand: contender.unmet_demand.saturating_sub(got.len()),
-                holds,
-                claimed: Vec::new(),
-            }
+            contender.recipient_after(got, location_of)
         })
         .collect();
     for (app, gpus) in hand_out_in_order(&mut left, &rest) {
