@@ -1008,20 +1008,30 @@ impl Relaxation {
     /// infeasible) and the LP re-solved from its basis, until the LP optimum is integral.
     /// `None` when the dive ends infeasible. The fixed columns are released afterwards.
     fn dive(&mut self, program: &'static str) -> Result<Option<Vec<Option<usize>>>, AuctionError> {
-        let mut fixed = Vec::new();
+        let mut fixed: Vec<Col> = Vec::new();
+        // Whether the last column fixed is still at 1, so that an infeasible LP can undo it.
+        let mut last_at_one = false;
         let mut found = None;
         let mut model = self
             .model
             .take()
             .expect("the model is back after every solve");
-        // Each step fixes a column for good, so the dive ends within one step per column.
-        for _ in 0..=self.formulation.columns.len() {
+        // Each step fixes a column for good or moves the last one from 1 to 0, so the dive
+        // ends within two steps per column.
+        for _ in 0..=2 * self.formulation.columns.len() {
             let solved = solve_status(model, program)?;
             let optimal = solved.status() == HighsModelStatus::Optimal;
             let values = solved.get_solution().columns().to_vec();
             model = Model::from(solved);
             if !optimal {
-                break;
+                match fixed.last() {
+                    Some(&handle) if last_at_one => {
+                        model.change_column_bounds(handle, 0.0..=0.0);
+                        last_at_one = false;
+                        continue;
+                    }
+                    _ => break,
+                }
             }
             let fractional = values
                 .iter()
@@ -1035,6 +1045,7 @@ impl Relaxation {
             let handle = self.formulation.handles[column];
             model.change_column_bounds(handle, 1.0..=1.0);
             fixed.push(handle);
+            last_at_one = true;
         }
         for handle in fixed {
             model.change_column_bounds(handle, 0.0..=1.0);
