@@ -83,11 +83,16 @@ impl PlacementSlowdown {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct JobInfo {
     pub iterations_remaining: f64,
-    /// Seconds per iteration on one GPU.
+    /// Seconds per iteration on one GPU (the mean over the remaining iterations of a job whose
+    /// speed changes).
     pub serial_iteration_time: f64,
     /// The most GPUs the job can use (job_demand_max).
     pub max_gpus: u32,
     pub slowdown: PlacementSlowdown,
+    /// Speed changes ahead within the remaining iterations: each pauses the job to checkpoint
+    /// and restart with its new batch size.
+    #[serde(default)]
+    pub speed_changes_ahead: u32,
 }
 
 /// The shortest serial iteration time a job may declare: a microsecond. Shorter ones are
@@ -111,6 +116,22 @@ pub struct Job {
     /// Set when the job was stopped early by its HPO framework.
     #[serde(default)]
     pub stopped: bool,
+    /// How the job's speed changes as it trains (dynamic adaptation such as batch-size
+    /// scaling, Shockwave NSDI'23), in increasing `at_iteration`; empty: a fixed speed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub speed_changes: Vec<SpeedChange>,
+}
+
+/// From iteration `at_iteration` on, an iteration of the job takes `serial_iteration_time`
+/// seconds on one GPU. Iterations count the samples of the job's first batch size, so a job
+/// that doubles its batch size and runs 1.2x faster per sample shows as iterations 1/1.2 as
+/// long, and its iteration count does not change.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeedChange {
+    pub at_iteration: u64,
+    pub serial_iteration_time: f64,
 }
 
 impl Job {
@@ -145,15 +166,98 @@ impl Job {
                 "slowdowns must be finite and >= 1, got {slowdown:?}"
             ));
         }
+        self.validate_speed_changes()
+    }
+
+    fn validate_speed_changes(&self) -> Result<(), String> {
+        let mut after = 0;
+        for (index, change) in self.speed_changes.iter().enumerate() {
+            let field = format!("speed_changes[{index}]");
+            if change.at_iteration <= after || change.at_iteration >= self.total_iterations {
+                return Err(format!(
+                    "{field}.at_iteration must be above {after} (the previous change) and below \
+                     total_iterations ({}), got {}",
+                    self.total_iterations, change.at_iteration
+                ));
+            }
+            let seconds = change.serial_iteration_time;
+            if !(seconds.is_finite() && seconds >= MIN_ITERATION_SECONDS) {
+                return Err(format!(
+                    "{field}.serial_iteration_time must be a finite number of seconds >= \
+                     {MIN_ITERATION_SECONDS}, got {seconds}"
+                ));
+            }
+            after = change.at_iteration;
+        }
         Ok(())
     }
 
-    fn info(&self, iterations_remaining: f64, max_gpus: u32) -> JobInfo {
+    /// Seconds per iteration on one GPU at `iteration` (completed iterations, fractional in
+    /// the simulator): the speed of the phase it is in.
+    pub fn serial_iteration_time_at(&self, iteration: f64) -> f64 {
+        self.speed_changes
+            .iter()
+            .take_while(|change| change.at_iteration as f64 <= iteration)
+            .last()
+            .map_or(self.serial_iteration_time, |change| {
+                change.serial_iteration_time
+            })
+    }
+
+    /// The first iteration after `iteration` at which the job's speed changes.
+    pub fn next_speed_change(&self, iteration: f64) -> Option<u64> {
+        self.speed_changes
+            .iter()
+            .map(|change| change.at_iteration)
+            .find(|&at| at as f64 > iteration)
+    }
+
+    /// Seconds on one GPU to run iterations `from..to`, each at its phase's speed: the
+    /// forecast that rho and bids use, rather than the speed of the phase running now.
+    pub fn serial_seconds(&self, from: f64, to: f64) -> f64 {
+        if self.speed_changes.is_empty() {
+            return (to - from) * self.serial_iteration_time;
+        }
+        let starts = std::iter::once(0.0).chain(
+            self.speed_changes
+                .iter()
+                .map(|change| change.at_iteration as f64),
+        );
+        let ends = self
+            .speed_changes
+            .iter()
+            .map(|change| change.at_iteration as f64)
+            .chain(std::iter::once(f64::INFINITY));
+        let times = std::iter::once(self.serial_iteration_time).chain(
+            self.speed_changes
+                .iter()
+                .map(|change| change.serial_iteration_time),
+        );
+        starts
+            .zip(ends)
+            .zip(times)
+            .map(|((start, end), time)| (to.min(end) - from.max(start)).max(0.0) * time)
+            .sum()
+    }
+
+    /// The job from iteration `from` for `iterations` more, at its mean forecast speed over
+    /// them (its fixed speed when it has no speed changes).
+    fn info(&self, from: f64, iterations: f64, max_gpus: u32) -> JobInfo {
+        let serial_iteration_time = if self.speed_changes.is_empty() || iterations <= 0.0 {
+            self.serial_iteration_time_at(from)
+        } else {
+            self.serial_seconds(from, from + iterations) / iterations
+        };
+        let ahead = self.speed_changes.iter().filter(|change| {
+            let at = change.at_iteration as f64;
+            at > from && at < from + iterations
+        });
         JobInfo {
-            iterations_remaining,
-            serial_iteration_time: self.serial_iteration_time,
+            iterations_remaining: iterations,
+            serial_iteration_time,
             max_gpus,
             slowdown: self.slowdown,
+            speed_changes_ahead: u32::try_from(ahead.count()).unwrap_or(u32::MAX),
         }
     }
 }
@@ -251,7 +355,8 @@ impl SuccessiveHalvingAgent for SuccessiveHalving {
                 .filter(|job| !job.stopped && job.completed_iterations < phase_end)
                 .map(|job| {
                     let remaining = (phase_end - job.completed_iterations) as f64;
-                    job.info(remaining, self.job_max_gpus(phase, job))
+                    let from = job.completed_iterations as f64;
+                    job.info(from, remaining, self.job_max_gpus(phase, job))
                 })
                 .collect();
         }
@@ -263,7 +368,8 @@ impl SuccessiveHalvingAgent for SuccessiveHalving {
             return Vec::new();
         };
         let max_gpus = self.job_max_gpus(phase, median);
-        vec![median.info(iterations as f64, max_gpus); count as usize]
+        let from = phase_end.saturating_sub(iterations) as f64;
+        vec![median.info(from, iterations as f64, max_gpus); count as usize]
     }
 
     fn budget_gpu_seconds(&self) -> f64 {
@@ -308,8 +414,13 @@ impl PerformanceCurveAgent for PerformanceCurve {
                 !curve.job.stopped && curve.job.completed_iterations < curve.stopping_iteration()
             })
             .map(|curve| {
-                let remaining = curve.stopping_iteration() - curve.job.completed_iterations;
-                curve.job.info(remaining as f64, curve.job.max_gpus)
+                let job = &curve.job;
+                let remaining = curve.stopping_iteration() - job.completed_iterations;
+                job.info(
+                    job.completed_iterations as f64,
+                    remaining as f64,
+                    job.max_gpus,
+                )
             })
             .collect()
     }
@@ -317,7 +428,10 @@ impl PerformanceCurveAgent for PerformanceCurve {
     fn total_work_gpu_seconds(&self) -> f64 {
         self.jobs
             .iter()
-            .map(|curve| curve.stopping_iteration() as f64 * curve.job.serial_iteration_time)
+            .map(|curve| {
+                let stop = curve.stopping_iteration() as f64;
+                curve.job.serial_seconds(0.0, stop)
+            })
             .sum()
     }
 }
@@ -440,6 +554,14 @@ impl App {
                 slowdown.cross_rack,
                 f64::from(u8::from(job.stopped)),
             ]);
+            // Only a job that changes speed adds numbers: the keys of the others stay as
+            // they were.
+            if !job.speed_changes.is_empty() {
+                key.push(job.speed_changes.len() as f64);
+                for change in &job.speed_changes {
+                    key.extend([change.at_iteration as f64, change.serial_iteration_time]);
+                }
+            }
         }
         let mut key = Vec::new();
         match &self.kind {
@@ -494,7 +616,8 @@ impl App {
         match &self.kind {
             AppKind::SingleJob { job, .. } if job.is_active() => {
                 let remaining = job.total_iterations - job.completed_iterations;
-                vec![job.info(remaining as f64, job.max_gpus)]
+                let from = job.completed_iterations as f64;
+                vec![job.info(from, remaining as f64, job.max_gpus)]
             }
             AppKind::SingleJob { .. } => Vec::new(),
             AppKind::SuccessiveHalving(search) => search.jobs_in_phase(search.current_phase, 0),
@@ -522,9 +645,7 @@ impl App {
     /// search, every job's work up to its (predicted) end otherwise.
     pub fn total_work_gpu_seconds(&self) -> f64 {
         match &self.kind {
-            AppKind::SingleJob { job, .. } => {
-                job.total_iterations as f64 * job.serial_iteration_time
-            }
+            AppKind::SingleJob { job, .. } => job.serial_seconds(0.0, job.total_iterations as f64),
             AppKind::SuccessiveHalving(search) => search.budget_gpu_seconds(),
             AppKind::PerformanceCurve(search) => search.total_work_gpu_seconds(),
         }
@@ -652,6 +773,7 @@ mod tests {
             max_gpus,
             slowdown: PlacementSlowdown::default(),
             stopped: false,
+            speed_changes: Vec::new(),
         }
     }
 

@@ -123,12 +123,12 @@ pub fn plan_time(
             ordered.clone()
         };
         let share = widest_share(jobs, pool.len());
-        let (resized, used) = phase_time(jobs, &pool, speeds);
+        let (resized, used) = phase_time(jobs, &pool, speeds, restart_pause_seconds);
         // Jobs that resize restart anyway, so they may move: to better-placed GPUs elsewhere
         // when the earlier phases' footprint places them worse.
         let mut pool_len = pool.len();
         let (resized, used) = if pool_len < ordered.len() && width.is_some_and(|w| w != share) {
-            let (moved, moved_used) = phase_time(jobs, &ordered, speeds);
+            let (moved, moved_used) = phase_time(jobs, &ordered, speeds, restart_pause_seconds);
             if moved < resized {
                 pool_len = ordered.len();
                 (moved, moved_used)
@@ -140,7 +140,12 @@ pub fn plan_time(
         };
         let (time, used) = match width {
             Some(previous) if share > previous => {
-                let (kept, kept_used) = phase_time(&capped(jobs, previous), &pool, speeds);
+                let (kept, kept_used) = phase_time(
+                    &capped(jobs, previous),
+                    &pool,
+                    speeds,
+                    restart_pause_seconds,
+                );
                 if kept - resized > restart_pause_seconds {
                     width = Some(share);
                     (resized + restart_pause_seconds, used)
@@ -230,12 +235,14 @@ pub fn job_widths(work: &[f64], max_gpus: &[u32], gpu_count: usize) -> Vec<usize
 /// slowest job does), with the GPUs shared as [`job_widths`] does, and the GPUs the jobs use.
 /// With fewer GPUs than jobs the waiting jobs queue for the GPUs: longest job first onto the
 /// least-loaded GPU, as the §4.3.3 example schedules them. A job runs at the speed of the
-/// slowest GPU of its share.
+/// slowest GPU of its share, and pauses `restart_pause_seconds` at each speed change ahead.
 fn phase_time(
     jobs: &[JobInfo],
     ordered: &[GpuLocation],
     speeds: &GpuSpeeds,
+    restart_pause_seconds: f64,
 ) -> (f64, Vec<GpuLocation>) {
+    let pauses = |job: &JobInfo| f64::from(job.speed_changes_ahead) * restart_pause_seconds;
     if jobs.is_empty() {
         return (0.0, Vec::new());
     }
@@ -253,8 +260,9 @@ fn phase_time(
                 .enumerate()
                 .min_by(|a, b| a.1.total_cmp(b.1))
                 .expect("at least one gpu");
-            *least +=
-                work[job] * jobs[job].slowdown.at(Locality::SameSlot) / speeds.at(ordered[gpu]);
+            *least += work[job] * jobs[job].slowdown.at(Locality::SameSlot)
+                / speeds.at(ordered[gpu])
+                + pauses(&jobs[job]);
         }
         return (load.into_iter().fold(0.0, f64::max), ordered.to_vec());
     }
@@ -269,7 +277,7 @@ fn phase_time(
             let used = share.len() as f64;
             let locality = Locality::of(share.iter().map(|&item| ordered[item]));
             let speed = speeds.slowest(share.iter().map(|&item| ordered[item]));
-            work * job.slowdown.at(locality) / used / speed
+            work * job.slowdown.at(locality) / used / speed + pauses(job)
         })
         .fold(0.0, f64::max);
     (
@@ -535,6 +543,7 @@ mod tests {
             max_gpus: 8,
             slowdown: PlacementSlowdown::NONE,
             stopped: false,
+            speed_changes: Vec::new(),
         }
     }
 
@@ -723,6 +732,7 @@ mod tests {
                 same_rack: 1.5,
                 cross_rack: 2.0,
             },
+            speed_changes_ahead: 0,
         };
         let phases = [vec![job(100.0, 2), job(100.0, 2)], vec![job(400.0, 4)]];
         let expected = 50.0 + 35.0 + 400.0 * 1.1 / 4.0;

@@ -129,8 +129,8 @@ fn apply_to_job(job: &mut Job, report: &JobProgress) -> Result<Option<f64>, Prog
             job: job.id.clone(),
         });
     }
-    let slowdown =
-        observed.seconds_per_iteration * f64::from(observed.gpus) / job.serial_iteration_time;
+    let serial = job.serial_iteration_time_at(job.completed_iterations as f64);
+    let slowdown = observed.seconds_per_iteration * f64::from(observed.gpus) / serial;
     job.slowdown.observe(observed.locality, slowdown);
     Ok(Some(slowdown))
 }
@@ -149,6 +149,7 @@ mod tests {
             max_gpus: 2,
             slowdown: PlacementSlowdown::default(),
             stopped: false,
+            speed_changes: Vec::new(),
         }
     }
 

@@ -912,6 +912,7 @@ pub fn liar_workload(scale: ExperimentScale) -> Workload {
                             max_gpus: 8,
                             slowdown: NETWORK_INTENSIVE_SLOWDOWN,
                             stopped: false,
+                            speed_changes: Vec::new(),
                         },
                         throughput: Default::default(),
                     },

@@ -19,7 +19,8 @@
 use std::collections::BTreeMap;
 
 use agora_market::app::{
-    App, AppId, AppKind, CurveJob, Job, PerformanceCurve, PlacementSlowdown, SuccessiveHalving,
+    App, AppId, AppKind, CurveJob, Job, PerformanceCurve, PlacementSlowdown, SpeedChange,
+    SuccessiveHalving,
 };
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -83,6 +84,10 @@ pub struct GeneratorConfig {
     /// Table 4's mix gives (36%). `Some(p)`: each app is network-intensive with probability
     /// `p` and its model is drawn from Table 4's mix among the models of that class.
     pub network_intensive_fraction: Option<f64>,
+    /// Share of apps whose jobs adapt as they train ([`make_dynamic`]); 0: every job keeps a
+    /// fixed speed.
+    #[serde(default)]
+    pub dynamic_fraction: f64,
 }
 
 impl Default for GeneratorConfig {
@@ -102,6 +107,7 @@ impl GeneratorConfig {
             mean_interarrival_seconds: PHILLY_MEAN_INTERARRIVAL_SECONDS * scale,
             duration_scale: scale,
             network_intensive_fraction: None,
+            dynamic_fraction: 0.0,
         }
     }
 
@@ -119,6 +125,9 @@ impl GeneratorConfig {
             if !(0.0..=1.0).contains(&fraction) {
                 return Err(GeneratorError::NetworkIntensiveFraction(fraction));
             }
+        }
+        if !(0.0..=1.0).contains(&self.dynamic_fraction) {
+            return Err(GeneratorError::DynamicFraction(self.dynamic_fraction));
         }
         Ok(())
     }
@@ -141,6 +150,8 @@ pub enum GeneratorError {
     MeanInterarrival(f64),
     #[error("network_intensive_fraction must be in [0, 1], got {0}")]
     NetworkIntensiveFraction(f64),
+    #[error("dynamic_fraction must be in [0, 1], got {0}")]
+    DynamicFraction(f64),
 }
 
 /// Themis Workload 1: performance-curve (Hyperdrive) apps of 1-2 GPU jobs; single-job apps are
@@ -185,7 +196,12 @@ fn generate(
         let basics = draw_basics(config, &mut rng);
         let model = basics.model.name.to_owned();
         let id = format!("{prefix}-app-{index:04}");
-        let (kind, job_quality) = build(&id, basics, &mut rng);
+        let (mut kind, job_quality) = build(&id, basics, &mut rng);
+        // Its own stream, so that the static apps' draws do not depend on the fraction.
+        let mut adaptation = stream(config.seed ^ DYNAMIC_STREAM_SALT, index as u64 + 1);
+        if adaptation.random_bool(config.dynamic_fraction) {
+            make_dynamic(&mut kind, &mut adaptation);
+        }
         apps.push(WorkloadApp {
             arrival_seconds: now,
             model,
@@ -197,6 +213,48 @@ fn generate(
         });
     }
     Ok(Workload { apps })
+}
+
+/// Seeds the streams that choose dynamic apps and their speed-ups.
+const DYNAMIC_STREAM_SALT: u64 = 0x5348_4F43_4B57_4156;
+
+/// Dynamic adaptation as in Shockwave (NSDI'23, §2.2 and Figure 2a): a job doubles its batch
+/// size three times, at these fractions of its iterations (our choice; the paper's example
+/// scales over its first epochs and its expert heuristic at the 30th, 60th and 80th)...
+pub const DYNAMIC_CHANGE_FRACTIONS: [f64; 3] = [0.2, 0.4, 0.6];
+/// ...and ends up this much faster per sample, uniform in the range (Figure 2a: "gradually
+/// boosts training speed by up to 1.7x"), the same factor at each change.
+pub const DYNAMIC_TOTAL_SPEEDUP: std::ops::RangeInclusive<f64> = 1.3..=1.7;
+
+/// Gives every job of the app Shockwave's batch-size schedule: one speed-up per app, drawn
+/// from [`DYNAMIC_TOTAL_SPEEDUP`], reached in [`DYNAMIC_CHANGE_FRACTIONS`] equal steps.
+pub fn make_dynamic(kind: &mut AppKind, rng: &mut ChaCha8Rng) {
+    let speedup = rng.random_range(DYNAMIC_TOTAL_SPEEDUP);
+    let step = speedup.powf(1.0 / DYNAMIC_CHANGE_FRACTIONS.len() as f64);
+    let jobs: Vec<&mut Job> = match kind {
+        AppKind::SingleJob { job, .. } => vec![job],
+        AppKind::SuccessiveHalving(search) => search.jobs.iter_mut().collect(),
+        AppKind::PerformanceCurve(search) => {
+            search.jobs.iter_mut().map(|curve| &mut curve.job).collect()
+        }
+    };
+    for job in jobs {
+        let mut time = job.serial_iteration_time;
+        let mut after = 0;
+        job.speed_changes.clear();
+        for fraction in DYNAMIC_CHANGE_FRACTIONS {
+            let at_iteration = (job.total_iterations as f64 * fraction).round() as u64;
+            if at_iteration <= after || at_iteration >= job.total_iterations {
+                continue;
+            }
+            time /= step;
+            job.speed_changes.push(SpeedChange {
+                at_iteration,
+                serial_iteration_time: time,
+            });
+            after = at_iteration;
+        }
+    }
 }
 
 /// Stream 0 of a seed draws the arrivals, stream `i + 1` app `i`.
@@ -284,6 +342,7 @@ fn workload1_app(
             max_gpus,
             slowdown: basics.slowdown,
             stopped: false,
+            speed_changes: Vec::new(),
         };
         quality.insert(job.id.clone(), predicted as f64 / total_iterations as f64);
         jobs.push(CurveJob {
@@ -344,6 +403,7 @@ fn workload2_app(
                 max_gpus,
                 slowdown: basics.slowdown,
                 stopped: false,
+                speed_changes: Vec::new(),
             }
         })
         .collect();

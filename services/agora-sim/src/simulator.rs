@@ -36,6 +36,20 @@ pub struct SimulationConfig {
     pub estimation_error: f64,
     /// One app that lies about its placement sensitivity (Fig 18).
     pub misreport: Option<Misreport>,
+    /// What the market is told of jobs whose speed changes as they train.
+    pub speed_changes: SpeedChangeReporting,
+}
+
+/// How the market learns of a job's speed changes (dynamic adaptation, Shockwave NSDI'23).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpeedChangeReporting {
+    /// The job declares its schedule up front, and rho and bids use the forecast.
+    #[default]
+    Forecast,
+    /// The market is told only the speed of the phase running now, updated after each
+    /// change (the reactive estimate Shockwave attributes to Themis, §2.2).
+    Reactive,
 }
 
 impl Default for SimulationConfig {
@@ -45,6 +59,7 @@ impl Default for SimulationConfig {
             seed: 0,
             estimation_error: 0.0,
             misreport: None,
+            speed_changes: SpeedChangeReporting::default(),
         }
     }
 }
@@ -115,6 +130,8 @@ struct RunningJob {
     gpus: Vec<GpuIndex>,
     paused_until: Timestamp,
     has_run: bool,
+    /// How many of the job's speed changes it has gone through.
+    speed_changes_passed: usize,
     /// The successive-halving phase it was last placed in.
     placed_in_phase: usize,
     /// The most GPUs it has run on in that phase.
@@ -261,8 +278,9 @@ impl<'a> World<'a> {
         running_jobs(&app.truth)
             .filter_map(|job| {
                 let running = &app.jobs[&job.id];
-                let speed = self.iterations_per_second(app, job, &running.gpus)?;
-                let left = (target_iterations(&app.truth, job) - running.completed).max(0.0);
+                let speed = self.iterations_per_second(app, job, running)?;
+                let left =
+                    (next_stop(&app.truth, job, running.completed) - running.completed).max(0.0);
                 let start = running.paused_until.max(self.now);
                 Some(
                     start
@@ -273,14 +291,21 @@ impl<'a> World<'a> {
             .min()
     }
 
-    fn iterations_per_second(&self, app: &RunningApp, job: &Job, gpus: &[GpuIndex]) -> Option<f64> {
+    fn iterations_per_second(
+        &self,
+        app: &RunningApp,
+        job: &Job,
+        running: &RunningJob,
+    ) -> Option<f64> {
+        let gpus = &running.gpus;
         if gpus.is_empty() {
             return None;
         }
         let used = gpus.len().min(app.truth.job_max_gpus(job).max(1) as usize);
         let slowdown = job.slowdown.at(self.cluster.locality(&gpus[..used]));
         let speed = slowest_speed(&app.speeds, self.cluster, &gpus[..used]);
-        Some(used as f64 / (job.serial_iteration_time * slowdown) * speed)
+        let serial = job.serial_iteration_time_at(running.completed);
+        Some(used as f64 / (serial * slowdown) * speed)
     }
 
     /// Runs every job from `self.now` to `until` and books GPU time and placement.
@@ -301,10 +326,12 @@ impl<'a> World<'a> {
                 let seconds = until
                     .saturating_since(running.paused_until.max(from))
                     .as_secs_f64();
-                let target = target_iterations(&app.truth, &job);
+                // Within one step a job runs at one speed: steps end at its speed changes.
+                let stop = next_stop(&app.truth, &job, running.completed);
+                let serial = job.serial_iteration_time_at(running.completed);
                 running.completed = (running.completed
-                    + seconds * used as f64 / (job.serial_iteration_time * slowdown) * speed)
-                    .min(target);
+                    + seconds * used as f64 / (serial * slowdown) * speed)
+                    .min(stop);
                 app.placement_score_seconds += seconds / slowdown;
                 app.running_job_seconds += seconds;
             }
@@ -325,6 +352,7 @@ impl<'a> World<'a> {
             .map(|(id, _)| id.clone())
             .collect();
         for id in ids {
+            self.pass_speed_changes(&id);
             changed |= self.settle_progress(&id)?;
         }
         self.just_expired.clear();
@@ -347,6 +375,46 @@ impl<'a> World<'a> {
             changed = true;
         }
         Ok(changed)
+    }
+
+    /// Jobs that reached a speed change pause for a checkpoint and restart at the new speed
+    /// (the cost of changing the batch size); a market told reactively learns the new speed.
+    fn pass_speed_changes(&mut self, id: &AppId) {
+        let (now, pause) = (self.now, self.config.market.restart_pause);
+        let reactive = self.config.speed_changes == SpeedChangeReporting::Reactive;
+        let app = self.apps.get_mut(id).expect("known app");
+        let mut new_speeds: Vec<(String, f64)> = Vec::new();
+        for job in running_jobs(&app.truth) {
+            let running = app.jobs.get_mut(&job.id).expect("every job is tracked");
+            let passed = job
+                .speed_changes
+                .iter()
+                .take_while(|change| change.at_iteration as f64 <= running.completed)
+                .count();
+            if passed > running.speed_changes_passed {
+                let phase_time = |phase: usize| {
+                    phase
+                        .checked_sub(1)
+                        .map_or(job.serial_iteration_time, |change| {
+                            job.speed_changes[change].serial_iteration_time
+                        })
+                };
+                let ratio = phase_time(passed) / phase_time(running.speed_changes_passed);
+                new_speeds.push((job.id.clone(), ratio));
+                running.speed_changes_passed = passed;
+                running.paused_until = running.paused_until.max(now.saturating_add(pause));
+            }
+        }
+        if !reactive {
+            return;
+        }
+        if let Some(reported) = self.market.app_mut(id) {
+            for job in all_jobs_mut(reported) {
+                if let Some((_, ratio)) = new_speeds.iter().find(|(name, _)| *name == job.id) {
+                    job.serial_iteration_time *= ratio;
+                }
+            }
+        }
     }
 
     /// Records job completions, ends successive-halving phases and finishes apps. Tells the
@@ -422,6 +490,7 @@ impl<'a> World<'a> {
                     gpus: Vec::new(),
                     paused_until: now,
                     has_run: false,
+                    speed_changes_passed: 0,
                     placed_in_phase: 0,
                     widest_in_phase: 0,
                 };
@@ -466,9 +535,17 @@ impl<'a> World<'a> {
             .as_ref()
             .filter(|liar| liar.app == truth.id)
             .map(|liar| liar.exaggeration);
+        let reactive = self.config.speed_changes == SpeedChangeReporting::Reactive;
         for job in all_jobs_mut(&mut reported) {
             if error > 0.0 {
-                job.serial_iteration_time *= 1.0 + self.rng.random_range(-error..=error);
+                let factor = 1.0 + self.rng.random_range(-error..=error);
+                job.serial_iteration_time *= factor;
+                for change in &mut job.speed_changes {
+                    change.serial_iteration_time *= factor;
+                }
+            }
+            if reactive {
+                job.speed_changes.clear();
             }
             if let Some(exaggeration) = exaggeration {
                 job.slowdown = exaggerate(job.slowdown, exaggeration);
@@ -515,8 +592,8 @@ impl<'a> World<'a> {
                 .map(|job| {
                     let running = &app.jobs[&job.id];
                     JobPlacement {
-                        work: (target_iterations(&app.truth, job) - running.completed)
-                            * job.serial_iteration_time,
+                        work: job
+                            .serial_seconds(running.completed, target_iterations(&app.truth, job)),
                         max_gpus: app.truth.job_max_gpus(job),
                         slowdown: job.slowdown,
                         current: running.gpus.clone(),
@@ -827,6 +904,14 @@ fn current_phase(app: &App) -> usize {
 }
 
 /// The iteration a job runs to now: its total, its phase's end, or its predicted stop.
+/// Where the job's current step of constant speed ends: its target, or its next speed change
+/// before that.
+fn next_stop(app: &App, job: &Job, completed: f64) -> f64 {
+    let target = target_iterations(app, job);
+    job.next_speed_change(completed)
+        .map_or(target, |at| target.min(at as f64))
+}
+
 fn target_iterations(app: &App, job: &Job) -> f64 {
     let target = match &app.kind {
         AppKind::SingleJob { .. } => job.total_iterations,

@@ -153,7 +153,7 @@ pub fn check_workload(workload: &Workload) -> Result<(), WorkloadProblem> {
         }
         entry.app.validate().map_err(fail)?;
         for job in entry.app.jobs() {
-            let seconds = job.total_iterations as f64 * job.serial_iteration_time
+            let seconds = job.serial_seconds(0.0, job.total_iterations as f64)
                 / f64::from(job.max_gpus.max(1));
             if seconds > MAX_JOB_SECONDS {
                 return Err(fail(format!(
@@ -393,6 +393,7 @@ impl Row<'_> {
             max_gpus: num_gpu,
             slowdown: models::slowdown_of(model),
             stopped: false,
+            speed_changes: Vec::new(),
         };
         Ok(WorkloadApp {
             arrival_seconds: submit_time,

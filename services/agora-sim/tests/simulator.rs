@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use agora_market::app::{
-    App, AppId, AppKind, CurveJob, Job, PerformanceCurve, PlacementSlowdown, SuccessiveHalving,
+    App, AppId, AppKind, CurveJob, Job, PerformanceCurve, PlacementSlowdown, SpeedChange,
+    SuccessiveHalving,
 };
 use agora_market::market::MarketConfig;
 use agora_market::policy::Policy;
@@ -12,7 +13,7 @@ use agora_market::topology::{Cluster, ClusterSpec};
 use agora_sim::clusters;
 use agora_sim::generate::{self, GeneratorConfig};
 use agora_sim::metrics::{AppReport, SimulationReport};
-use agora_sim::simulator::{simulate, SimulationConfig};
+use agora_sim::simulator::{simulate, SimulationConfig, SpeedChangeReporting};
 use agora_sim::workload::{Workload, WorkloadApp};
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
@@ -28,6 +29,7 @@ fn job(id: &str, iterations: u64, serial_seconds: f64, max_gpus: u32) -> Job {
         max_gpus,
         slowdown: PlacementSlowdown::NONE,
         stopped: false,
+        speed_changes: Vec::new(),
     }
 }
 
@@ -98,6 +100,37 @@ fn a_lone_app_runs_at_full_speed_and_is_exactly_fair() {
     );
     assert!((report.apps[0].gpu_seconds - 100.0).abs() < 0.05);
     assert_eq!(report.summary.unfinished_apps, 0);
+}
+
+#[test]
+fn a_lone_adapting_job_pays_one_restart_per_speed_change_and_stays_exactly_fair() {
+    // 100 iterations on 2 GPUs: 40 at 1 s (20 s), a 10 s restart to double the batch size,
+    // then 60 at 0.5 s (15 s): 45 s. T_cluster forecasts the same, so rho is 1, whether the
+    // market is told the schedule or only each new speed as it comes.
+    for reporting in [
+        SpeedChangeReporting::Forecast,
+        SpeedChangeReporting::Reactive,
+    ] {
+        let mut adapting = single("a", 100, 2);
+        if let AppKind::SingleJob { job, .. } = &mut adapting.kind {
+            job.speed_changes = vec![SpeedChange {
+                at_iteration: 40,
+                serial_iteration_time: 0.5,
+            }];
+        }
+        let mut config = config(Policy::Themis);
+        config.market.restart_pause = Duration::from_secs(10);
+        config.speed_changes = reporting;
+        let report = run(&two_gpus(), vec![arriving(0.0, adapting)], &config);
+        assert!(
+            (completion(&report, "a") - 45.0).abs() < 0.01,
+            "{reporting:?}: {report:?}"
+        );
+        assert!(
+            (report.summary.max_rho - 1.0).abs() < 1e-3,
+            "{reporting:?}: {report:?}"
+        );
+    }
 }
 
 #[test]
@@ -578,8 +611,7 @@ fn homogeneous_reports_are_unchanged() {
                 ..MarketConfig::default()
             },
             seed: 0,
-            estimation_error: 0.0,
-            misreport: None,
+            ..SimulationConfig::default()
         };
         let report = simulate(cluster, workload, &config, |_| {}).expect("simulates");
         let mut json = serde_json::to_string_pretty(&report).expect("serialisable");

@@ -766,3 +766,47 @@ fn json_errors_give_file_line_and_column() {
     let error = parse_workload_json(&duplicate, Path::new("w.json")).expect_err("twice");
     assert!(error.to_string().contains("appears twice"), "{error}");
 }
+
+#[test]
+fn dynamic_apps_scale_their_batch_size_and_the_static_ones_are_untouched() {
+    for generator in [workload1 as Generator, workload2] {
+        let fixed = generator(&config(40, 7)).expect("valid");
+        let adapting = generator(&GeneratorConfig {
+            dynamic_fraction: 0.5,
+            ..config(40, 7)
+        })
+        .expect("valid");
+        let mut dynamic_apps = 0;
+        for (before, after) in fixed.apps.iter().zip(&adapting.apps) {
+            let mut without_changes = after.app.clone();
+            match &mut without_changes.kind {
+                AppKind::SingleJob { job, .. } => job.speed_changes.clear(),
+                AppKind::SuccessiveHalving(search) => search
+                    .jobs
+                    .iter_mut()
+                    .for_each(|job| job.speed_changes.clear()),
+                AppKind::PerformanceCurve(search) => search
+                    .jobs
+                    .iter_mut()
+                    .for_each(|curve| curve.job.speed_changes.clear()),
+            }
+            assert_eq!(before.app, without_changes, "only the schedules differ");
+            let jobs = after.app.jobs();
+            if jobs.iter().all(|job| job.speed_changes.is_empty()) {
+                continue;
+            }
+            dynamic_apps += 1;
+            for job in jobs.iter().filter(|job| !job.speed_changes.is_empty()) {
+                let last = job.speed_changes.last().expect("changes");
+                let speedup = job.serial_iteration_time / last.serial_iteration_time;
+                assert!(
+                    generate::DYNAMIC_TOTAL_SPEEDUP.contains(&speedup)
+                        || job.speed_changes.len() < generate::DYNAMIC_CHANGE_FRACTIONS.len(),
+                    "{speedup}"
+                );
+                assert!(job.speed_changes.len() <= 3);
+            }
+        }
+        assert!((10..=30).contains(&dynamic_apps), "{dynamic_apps} of 40");
+    }
+}

@@ -15,7 +15,9 @@ use agora_sim::generate::{
     workload1, workload2, GeneratorConfig, GeneratorError, DEFAULT_APPS, DEFAULT_DURATION_SCALE,
 };
 use agora_sim::metrics::{RunSummary, SimulationReport};
-use agora_sim::simulator::{simulate, Progress, SimulationConfig, SimulationError};
+use agora_sim::simulator::{
+    simulate, Progress, SimulationConfig, SimulationError, SpeedChangeReporting,
+};
 use agora_sim::trace::{load_tiresias_csv, load_workload_json, TraceError};
 use agora_sim::workload::Workload;
 use clap::Args;
@@ -36,7 +38,8 @@ pub struct SimulateArgs {
     cluster: PathBuf,
 
     /// A workload file (`.json`: project format, `.csv`: Tiresias trace), or a generator:
-    /// `workload1` or `workload2`, optionally followed by `:apps=N,seed=S,scale=X,network=F`.
+    /// `workload1` or `workload2`, optionally followed by `:apps=N,seed=S,scale=X,network=F,load=L,dynamic=D`
+    /// (`dynamic`: the share of apps whose jobs scale their batch size as they train).
     #[arg(long, value_name = "SOURCE")]
     workload: String,
 
@@ -85,6 +88,12 @@ pub struct SimulateArgs {
         default_value_t = 0.0
     )]
     estimation_error: f64,
+
+    /// What the market is told of jobs whose speed changes as they train: their declared
+    /// schedule (`forecast`), or only the current phase's speed, updated after each change
+    /// (`reactive`).
+    #[arg(long, value_name = "HOW", value_enum, default_value = "forecast")]
+    speed_changes: SpeedChanges,
 
     /// Directory for the per-policy reports and summary.csv (created if missing).
     #[arg(long, value_name = "DIR")]
@@ -258,8 +267,19 @@ impl SimulateArgs {
             seed: self.seed,
             estimation_error: error,
             misreport: None,
+            speed_changes: match self.speed_changes {
+                SpeedChanges::Forecast => SpeedChangeReporting::Forecast,
+                SpeedChanges::Reactive => SpeedChangeReporting::Reactive,
+            },
         })
     }
+}
+
+/// `--speed-changes`: see [`SpeedChangeReporting`].
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SpeedChanges {
+    Forecast,
+    Reactive,
 }
 
 /// Parses `themis,gandiva,...`: known names, none twice, in the order given.
@@ -315,13 +335,13 @@ fn load_workload(source: &str, seed: u64) -> Result<Workload, SimulateError> {
         _ => Err(SimulateError::WorkloadSpec {
             spec: source.to_owned(),
             reason: "expected a .json workload, a .csv Tiresias trace, or a generator \
-                     (workload1 or workload2, optionally with :apps=N,seed=S,scale=X,network=F,load=L)"
+                     (workload1 or workload2, optionally with :apps=N,seed=S,scale=X,network=F,load=L,dynamic=D)"
                 .to_owned(),
         }),
     }
 }
 
-/// `apps=N,seed=S,scale=X,network=F,load=L` (any subset, any order) onto
+/// `apps=N,seed=S,scale=X,network=F,load=L,dynamic=D` (any subset, any order) onto
 /// [`GeneratorConfig::philly_like`], then `network_intensive_fraction`, and arrivals `L` times
 /// as frequent (L x the offered load).
 fn generator_config(spec: &str, params: &str, seed: u64) -> Result<GeneratorConfig, SimulateError> {
@@ -334,6 +354,7 @@ fn generator_config(spec: &str, params: &str, seed: u64) -> Result<GeneratorConf
     let mut scale = DEFAULT_DURATION_SCALE;
     let mut network = None;
     let mut load: f64 = 1.0;
+    let mut dynamic = 0.0;
     let mut seen: Vec<&str> = Vec::new();
     for param in params.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (key, value) = param
@@ -362,15 +383,17 @@ fn generator_config(spec: &str, params: &str, seed: u64) -> Result<GeneratorConf
                     return Err(bad(format!("load={value:?} must be a number > 0")));
                 }
             }
+            "dynamic" => dynamic = value.parse().map_err(|_| number_error("a number"))?,
             _ => {
                 return Err(bad(format!(
-                    "unknown parameter {key:?}; expected apps, seed, scale, network or load"
-                )))
+                "unknown parameter {key:?}; expected apps, seed, scale, network, load or dynamic"
+            )))
             }
         }
     }
     let mut config = GeneratorConfig::philly_like(apps, seed, scale);
     config.network_intensive_fraction = network;
+    config.dynamic_fraction = dynamic;
     config.mean_interarrival_seconds /= load;
     config
         .validate()

@@ -288,6 +288,7 @@ pub fn random_app(rng: &mut ChaCha8Rng, id: String) -> App {
         max_gpus,
         slowdown,
         stopped: false,
+        speed_changes: Vec::new(),
     };
     let kind = if rng.random_bool(0.35) {
         let iterations = rng.random_range(1_000..10_000);

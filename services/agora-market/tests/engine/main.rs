@@ -1,5 +1,6 @@
 //! The engine's integration tests, in one binary for link time.
 
+mod adaptation;
 mod auction;
 mod baselines;
 mod bids;

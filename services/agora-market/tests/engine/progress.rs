@@ -18,6 +18,7 @@ fn job(id: &str, total_iterations: u64) -> Job {
         max_gpus: 1,
         slowdown: PlacementSlowdown::default(),
         stopped: false,
+        speed_changes: Vec::new(),
     }
 }
 

@@ -24,6 +24,7 @@ pub fn single_job_app(id: &str, max_gpus: u32, iterations: u64, serial_seconds: 
                 max_gpus,
                 slowdown: PlacementSlowdown::default(),
                 stopped: false,
+                speed_changes: Vec::new(),
             },
             throughput: Default::default(),
         },
