@@ -20,7 +20,9 @@ use crate::clusters::{self, shipped};
 use crate::generate::{self, GeneratorConfig};
 use crate::metrics::{RunSummary, SimulationReport};
 use crate::models::NETWORK_INTENSIVE_SLOWDOWN;
-use crate::simulator::{simulate, Misreport, SimulationConfig, SimulationError};
+use crate::simulator::{
+    simulate, Misreport, SimulationConfig, SimulationError, SpeedChangeReporting,
+};
 use crate::workload::{Workload, WorkloadApp};
 
 /// Every experiment: name and one-line description.
@@ -61,6 +63,11 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
         "heterogeneous",
         "max rho, Jain's index, mean JCT and makespan per policy on mixed K80/P100/V100 \
          clusters at 1x-4x contention (Workload 1)",
+    ),
+    (
+        "adaptation",
+        "static vs dynamic (batch-size scaling) jobs: max rho, share with rho > 1, makespan \
+         and mean JCT per policy, Themis told the schedule or only the current speed",
     ),
 ];
 
@@ -180,6 +187,7 @@ pub fn run_experiment(
         "fig18-liar" => liar(&mut out, scale)?,
         "fig19-sensitivity" => sensitivity(&mut out, scale)?,
         "heterogeneous" => heterogeneous(&mut out, scale)?,
+        "adaptation" => adaptation(&mut out, scale)?,
         _ => return Err(ExperimentError::Unknown(name.to_owned())),
     };
     Ok(ExperimentOutput {
@@ -722,6 +730,104 @@ fn heterogeneous(out: &mut Output, scale: ExperimentScale) -> Result<String, Exp
                 best.summary.policy, best.summary.max_rho, at[0].summary.max_rho
             );
         }
+    }
+    Ok(summary)
+}
+
+/// Shockwave's setting (NSDI'23 §6): the same arrivals with every job static, and with half
+/// the apps scaling their batch size as they train (`generate::make_dynamic`), on the 256-GPU
+/// cluster, both workloads; every policy, plus Themis told only each phase's speed as it
+/// comes (`SpeedChangeReporting::Reactive`).
+fn adaptation(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
+    const DYNAMIC_FRACTION: f64 = 0.5;
+    let cluster = cluster_256()?;
+    let mut points = Vec::new();
+    for (name, generator) in [
+        ("workload1", generate::workload1 as generate::Generator),
+        ("workload2", generate::workload2),
+    ] {
+        for (jobs, fraction) in [("static", 0.0), ("dynamic", DYNAMIC_FRACTION)] {
+            let config = GeneratorConfig {
+                dynamic_fraction: fraction,
+                ..scale.generator()
+            };
+            points.push((format!("{name} {jobs}"), generator(&config)?));
+        }
+    }
+    let mut runs = every_policy(
+        points
+            .iter()
+            .map(|(label, workload)| (label.clone(), &cluster, workload)),
+    );
+    for (label, workload) in points
+        .iter()
+        .filter(|(label, _)| label.ends_with("dynamic"))
+    {
+        runs.push(Run {
+            label: format!("{label}/themis-reactive"),
+            cluster: &cluster,
+            workload,
+            config: SimulationConfig {
+                speed_changes: SpeedChangeReporting::Reactive,
+                ..config(Policy::Themis)
+            },
+        });
+    }
+    let reports = simulate_all(&runs, scale.threads)?;
+    let mut csv = String::from(
+        "workload,jobs,policy,max_rho,share_rho_above_one,makespan_hours,mean_jct_hours,\
+         unfinished_apps\n",
+    );
+    let mut summary = String::new();
+    for (run, report) in runs.iter().zip(&reports) {
+        let s = &report.summary;
+        let (point, policy) = run.label.rsplit_once('/').expect("label/policy");
+        let (workload, jobs) = point.split_once(' ').expect("workload jobs");
+        let _ = writeln!(
+            csv,
+            "{workload},{jobs},{policy},{:.6},{:.6},{:.6},{:.6},{}",
+            s.max_rho,
+            s.apps_rho_above_one as f64 / s.apps.max(1) as f64,
+            s.makespan_seconds / HOURS,
+            s.mean_completion_seconds / HOURS,
+            s.unfinished_apps
+        );
+    }
+    out.csv("adaptation.csv", &csv)?;
+    for (point, _) in &points {
+        let at: Vec<(&Run, &SimulationReport)> = runs
+            .iter()
+            .zip(&reports)
+            .filter(|(run, _)| run.label.rsplit_once('/').is_some_and(|(p, _)| p == point))
+            .collect();
+        let categories: Vec<String> = at
+            .iter()
+            .map(|(run, _)| run.label.rsplit_once('/').expect("label").1.to_owned())
+            .collect();
+        let max_rho: Vec<f64> = at.iter().map(|(_, r)| r.summary.max_rho).collect();
+        out.bars(
+            &format!("adaptation-{}-max-rho.svg", point.replace(' ', "-")),
+            &format!("max rho per policy, {point} jobs, 256 GPUs"),
+            "max rho",
+            &categories,
+            &[("max rho".to_owned(), max_rho)],
+        )?;
+        let (best, themis) = (
+            at.iter()
+                .filter(|(run, _)| !run.label.ends_with("/themis"))
+                .min_by(|a, b| a.1.summary.max_rho.total_cmp(&b.1.summary.max_rho))
+                .expect("baselines ran"),
+            at.iter()
+                .find(|(run, _)| run.label.ends_with("/themis"))
+                .expect("themis ran"),
+        );
+        let _ = writeln!(
+            summary,
+            "{point}: themis max rho {:.2}, best other {} {:.2}",
+            themis.1.summary.max_rho,
+            best.0.label.rsplit_once('/').expect("label").1,
+            best.1.summary.max_rho
+        );
     }
     Ok(summary)
 }

@@ -177,6 +177,9 @@ struct AppBasics {
     gpu_seconds: f64,
 }
 
+/// [`workload1`] or [`workload2`].
+pub type Generator = fn(&GeneratorConfig) -> Result<Workload, GeneratorError>;
+
 type AppBuilder = fn(&str, AppBasics, &mut ChaCha8Rng) -> (AppKind, BTreeMap<String, f64>);
 
 fn generate(

@@ -40,7 +40,7 @@ fn check(name: &str, csvs: &[(&str, &str)], svgs: &[&str]) -> PathBuf {
 
 #[test]
 fn every_listed_experiment_is_known_and_unknown_names_are_rejected() {
-    assert_eq!(EXPERIMENTS.len(), 9);
+    assert_eq!(EXPERIMENTS.len(), 10);
     let error = run_experiment("fig99", &out_dir("unknown"), ExperimentScale::tiny())
         .expect_err("not an experiment");
     assert!(error.to_string().contains("fig18-liar"), "{error}");
@@ -213,4 +213,22 @@ fn heterogeneous() {
         read(&dir, "heterogeneous-gavel108.csv").lines().count(),
         1 + 4 * 9
     );
+}
+
+#[test]
+fn adaptation() {
+    let header = "workload,jobs,policy,max_rho,share_rho_above_one,makespan_hours,\
+                  mean_jct_hours,unfinished_apps";
+    let dir = check(
+        "adaptation",
+        &[("adaptation.csv", header)],
+        &[
+            "adaptation-workload1-static-max-rho.svg",
+            "adaptation-workload2-dynamic-max-rho.svg",
+        ],
+    );
+    let csv = read(&dir, "adaptation.csv");
+    // Four workloads under every policy, and Themis told reactively on the two dynamic ones.
+    assert_eq!(csv.lines().count(), 1 + 4 * 9 + 2);
+    assert_eq!(csv.matches(",themis-reactive,").count(), 2);
 }
