@@ -32,10 +32,13 @@ pub enum Policy {
     /// OEF, non-cooperative (Middleware'24): every app the same normalised throughput over the
     /// GPU types, the most in total (an LP), rounded into leases each round.
     Oef,
+    /// Shockwave (NSDI'23): a market over a window of rounds, each app's utility following its
+    /// forecast speed-ups, weighted by finish-time fairness; the first round applied.
+    Shockwave,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 9] = [
+    pub const ALL: [Policy; 10] = [
         Policy::Themis,
         Policy::Gandiva,
         Policy::Tiresias,
@@ -45,6 +48,7 @@ impl Policy {
         Policy::Srsf,
         Policy::GavelFtf,
         Policy::Oef,
+        Policy::Shockwave,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +62,7 @@ impl Policy {
             Policy::Srsf => "srsf",
             Policy::GavelFtf => "gavel-ftf",
             Policy::Oef => "oef",
+            Policy::Shockwave => "shockwave",
         }
     }
 }

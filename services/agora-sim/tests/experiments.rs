@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use agora_market::policy::Policy;
 use agora_sim::experiments::{run_experiment, ExperimentScale, EXPERIMENTS};
 
 fn out_dir(name: &str) -> PathBuf {
@@ -74,8 +75,11 @@ fn gpu_time() {
         )],
         &["fig11-12-gpu-time.svg"],
     );
-    // Two workloads x nine policies.
-    assert_eq!(read(&dir, "gpu-time.csv").lines().count(), 1 + 18);
+    // Two workloads x every policy.
+    assert_eq!(
+        read(&dir, "gpu-time.csv").lines().count(),
+        1 + 2 * Policy::ALL.len()
+    );
 }
 
 #[test]
@@ -100,7 +104,10 @@ fn contention() {
         )],
         &["fig14-contention.svg"],
     );
-    assert_eq!(read(&dir, "contention.csv").lines().count(), 1 + 3 * 9);
+    assert_eq!(
+        read(&dir, "contention.csv").lines().count(),
+        1 + 3 * Policy::ALL.len()
+    );
 }
 
 #[test]
@@ -113,7 +120,10 @@ fn network() {
         )],
         &["fig15-network-max-rho.svg", "fig16-network-gpu-time.svg"],
     );
-    assert_eq!(read(&dir, "network.csv").lines().count(), 1 + 6 * 9);
+    assert_eq!(
+        read(&dir, "network.csv").lines().count(),
+        1 + 6 * Policy::ALL.len()
+    );
 }
 
 #[test]
@@ -211,7 +221,7 @@ fn heterogeneous() {
     );
     assert_eq!(
         read(&dir, "heterogeneous-gavel108.csv").lines().count(),
-        1 + 4 * 9
+        1 + 4 * Policy::ALL.len()
     );
 }
 
@@ -229,6 +239,6 @@ fn adaptation() {
     );
     let csv = read(&dir, "adaptation.csv");
     // Four workloads under every policy, and Themis told reactively on the two dynamic ones.
-    assert_eq!(csv.lines().count(), 1 + 4 * 9 + 2);
+    assert_eq!(csv.lines().count(), 1 + 4 * Policy::ALL.len() + 2);
     assert_eq!(csv.matches(",themis-reactive,").count(), 2);
 }

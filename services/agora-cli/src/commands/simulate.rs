@@ -44,7 +44,7 @@ pub struct SimulateArgs {
     workload: String,
 
     /// Comma-separated policies: themis, gandiva, tiresias, optimus, slaq, srtf, srsf,
-    /// gavel-ftf, oef.
+    /// gavel-ftf, oef, shockwave.
     #[arg(long, value_name = "LIST", default_value = "themis")]
     policy: String,
 

@@ -2,11 +2,13 @@
 //! every active app with unmet demand) and hands the free GPUs out greedily by its own metric,
 //! taking best-placed GPUs near what each app holds. Gavel's finish-time fairness, a later
 //! fairness policy added as a modern anchor, rounds LP time fractions instead (`gavel.rs`), and
-//! OEF, for clusters of several GPU types, rounds an LP's GPU counts per type (`oef.rs`).
+//! OEF, for clusters of several GPU types, rounds an LP's GPU counts per type (`oef.rs`), and
+//! Shockwave plans a window of rounds with a mixed-integer program (`shockwave.rs`).
 
 mod gavel;
 mod greedy;
 mod oef;
+mod shockwave;
 
 use crate::app::{App, AppId};
 use crate::auction::OfferedGpu;
@@ -81,5 +83,6 @@ pub fn allocate(policy: Policy, view: &RoundView) -> BTreeMap<AppId, Vec<GpuId>>
         Policy::Slaq => greedy::one_gpu_at_a_time(view, greedy::loss_reduction),
         Policy::GavelFtf => gavel::allocate(view),
         Policy::Oef => oef::allocate(view),
+        Policy::Shockwave => shockwave::allocate(view),
     }
 }

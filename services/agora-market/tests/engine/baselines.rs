@@ -279,3 +279,41 @@ fn gavel_ftf_counts_held_gpus_against_the_fair_share() {
     assert_eq!(holdings(&market), owned(&[("a", 2), ("b", 2)]));
     assert!(market.free_gpus().is_empty());
 }
+
+#[test]
+fn shockwave_splits_a_round_evenly_between_identical_apps() {
+    // Both want 4 of 4 GPUs at one speed: the window's Nash welfare is highest with 2 each in
+    // every round, and among the plans worth as much the first round's own welfare picks 2/2.
+    let mut market = market(uniform_cluster(1, 1, 1, 4), Policy::Shockwave);
+    for id in ["a", "b"] {
+        market
+            .add_app(single_job_app(id, 4, 10_000, 1.0), Timestamp(0))
+            .expect("new app");
+    }
+    run(&mut market, Timestamp(0));
+    assert_eq!(holdings(&market), owned(&[("a", 2), ("b", 2)]));
+}
+
+#[test]
+fn shockwave_lets_an_app_about_to_speed_up_wait_for_its_faster_rounds() {
+    // Identical apps but for "adapting", which doubles its batch size at iteration 1,200 and
+    // then runs 2.5x faster per sample: a GPU is worth more to it in the window's later
+    // rounds, so the first round (the one applied) leans to "steady". Named so that the id
+    // order would favour "adapting".
+    let mut market = market(uniform_cluster(1, 1, 1, 4), Policy::Shockwave);
+    let mut adapting = single_job_app("adapting", 4, 10_000, 1.0);
+    if let AppKind::SingleJob { job, .. } = &mut adapting.kind {
+        job.speed_changes = vec![agora_market::app::SpeedChange {
+            at_iteration: 1_200,
+            serial_iteration_time: 0.4,
+        }];
+    }
+    market.add_app(adapting, Timestamp(0)).expect("new app");
+    market
+        .add_app(single_job_app("steady", 4, 10_000, 1.0), Timestamp(0))
+        .expect("new app");
+    run(&mut market, Timestamp(0));
+    let held = holdings(&market);
+    assert!(held[1].1 > held[0].1, "{held:?}");
+    assert_eq!(held[0].1 + held[1].1, 4, "{held:?}");
+}
