@@ -89,6 +89,7 @@ async function renderDetail(detail, context, appId) {
     rhoContainer,
     h('h3', {}, 'Leases (last 15 minutes)'),
     leaseContainer,
+    activeLeases(leases),
     h('h3', {}, 'Rounds it took part in'),
     roundsTable(rounds, openBids));
   rhoChart(rhoContainer, history);
@@ -98,6 +99,18 @@ async function renderDetail(detail, context, appId) {
     .filter((lease) => Date.parse(lease.end_at) > window.from);
   const gpus = [...new Set(recent.flatMap((lease) => lease.gpus))].sort();
   leaseGantt(leaseContainer, recent, gpus, appColour, window);
+}
+
+/** The leases the app holds now, each GPU with its type (what the app's throughput prices). */
+function activeLeases(leases) {
+  const active = leases.filter((lease) => lease.state === 'active');
+  if (!active.length) return h('p', { id: 'app-active-leases' }, 'It holds no lease now.');
+  const rows = active.map((lease) => h('tr', { 'data-lease': lease.id },
+    h('td', {}, `#${lease.id}`),
+    h('td', {}, lease.gpus.map((gpu) => `${gpu.id} (${gpu.gpu_type})`).join(', ')),
+    h('td', {}, time(lease.end_at))));
+  return h('div', { class: 'table-wrap' }, table('Leases held now, with each GPU\'s type',
+    ['Lease', 'GPUs (type)', 'Ends'], rows, { id: 'app-active-leases' }));
 }
 
 /**

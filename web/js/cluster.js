@@ -56,10 +56,10 @@ function renderRacks(racks, gpus, holder, context, act) {
     racks.replaceChildren(...[...byRack].map(([rack, rackGpus]) => h('section', { class: 'rack', 'aria-label': `Rack ${rack}` },
       h('h3', {}, `Rack ${rack}`),
       [...Map.groupBy(rackGpus, (gpu) => gpu.machine)].map(([, machineGpus]) => h('div', { class: 'machine', 'data-host': machineGpus[0].host },
-        h('span', { class: 'machine-name' }, `${machineGpus[0].host} (${machineGpus[0].gpu_type})`),
+        h('span', { class: 'machine-name' }, `${machineGpus[0].host} (${gpuTypes(machineGpus)})`),
         act ? hostButtons(machineGpus[0].host, act) : null,
         h('ul', { class: 'gpus' }, machineGpus.map((gpu) => h('li', { class: 'gpu', 'data-gpu': gpu.id },
-          h('span', { class: 'state' }, gpu.id), h('span', { class: 'holder' }),
+          h('span', { class: 'state' }, gpu.id), h('span', { class: 'gpu-type' }, gpuModel(gpu)), h('span', { class: 'holder' }),
           act ? h('button', { type: 'button', class: 'gpu-action', onclick: (event) => {
             const drain = event.currentTarget.dataset.action === 'drain';
             act(drain ? 'drain' : 'restore', [gpu.id], `GPU ${gpu.id}`);
@@ -73,6 +73,16 @@ function renderRacks(racks, gpus, holder, context, act) {
   }
 }
 
+/** The distinct GPU types of a machine's GPUs, in order: `h100`, or `k80, v100`. */
+function gpuTypes(gpus) {
+  return [...new Set(gpus.map((gpu) => gpu.gpu_type))].join(', ');
+}
+
+/** A GPU's type, with the compute capability its host reported (`h100 · cc 9.0`). */
+function gpuModel(gpu) {
+  return gpu.compute_capability ? `${gpu.gpu_type} · cc ${gpu.compute_capability}` : gpu.gpu_type;
+}
+
 function updateTile(tile, gpu, holder, context) {
   const app = holder(gpu);
   const free = app === undefined;
@@ -81,7 +91,7 @@ function updateTile(tile, gpu, holder, context) {
   const health = gpu.healthy ? '' : ' · drained';
   tile.className = `gpu${free ? ' free' : ''}${gpu.healthy ? '' : ' unhealthy'}`;
   tile.style.cssText = colour ? `background-color:${colour.fill};color:${colour.ink}` : '';
-  tile.title = `${gpu.id} (${gpu.cuda_uuid}): ${holderText}${health}`;
+  tile.title = `${gpu.id} (${gpu.cuda_uuid}, ${gpu.product_name ?? gpu.gpu_type}): ${holderText}${health}`;
   tile.dataset.holder = free ? 'free' : app ?? 'other';
   tile.dataset.healthy = String(gpu.healthy);
   tile.querySelector('.holder').textContent = `${holderText}${health}`;

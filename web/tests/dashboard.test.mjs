@@ -411,6 +411,38 @@ test('each round an app took part in says in words what it got and why: won, los
   await page.close();
 });
 
+test('GPU tiles and machines show their GPU types, and an app its leased GPUs\' types', async () => {
+  const page = await signedIn(tokens['demo-vision']);
+  await page.goto(`${base}/#/cluster`);
+  await page.locator('#racks .gpu').first().waitFor();
+  // The demo's fleet is the testbed's: every GPU a K80, as the API says.
+  const { gpus } = await api('/v1/cluster', tokens['demo-vision']);
+  const shown = await page.$$eval('#racks .gpu', (tiles) => tiles.map((tile) => [tile.dataset.gpu, tile.querySelector('.gpu-type').textContent]));
+  assert.deepEqual(shown, gpus.map((gpu) => [gpu.id, gpu.gpu_type]));
+  assert.ok(shown.every(([, type]) => type === 'K80'), JSON.stringify(shown));
+  // A mixed machine of GPU hosts: each tile its type and compute capability, the machine both types.
+  await answerWith(page, '/v1/cluster', (real) => ({ gpus: real.gpus.slice(0, 2).map((gpu, index) => ({ ...gpu, host: 'node-a', machine: 0, rack: 0,
+    gpu_type: ['h100', 'v100'][index], product_name: ['NVIDIA H100 80GB HBM3', 'Tesla V100-SXM2-16GB'][index], compute_capability: ['9.0', '7.0'][index] })) }));
+  await page.goto(`${base}/#/rounds`);
+  await page.locator('#round-list').waitFor();
+  await page.goto(`${base}/#/cluster`);
+  await page.locator('#racks .machine-name', { hasText: 'node-a (h100, v100)' }).waitFor();
+  assert.deepEqual(await page.locator('#racks .gpu .gpu-type').allTextContents(), ['h100 · cc 9.0', 'v100 · cc 7.0']);
+  assert.match(await page.locator('#racks .gpu').first().getAttribute('title'), /NVIDIA H100 80GB HBM3/);
+
+  const app = appsOf['demo-vision'][0];
+  const end = new Date(Date.now() + 60_000).toISOString();
+  const typed = [{ id: 'GPU-h0', host: 'node-a', cuda_uuid: 'GPU-h0', gpu_type: 'h100' }, { id: 'GPU-v0', host: 'node-b', cuda_uuid: 'GPU-v0', gpu_type: 'v100' }];
+  await answerWith(page, `/v1/apps/${app.id}/leases`, () => [{ id: 77, app_id: app.id, round_id: 1, gpus: typed,
+    start_at: new Date().toISOString(), end_at: end, state: 'active', ended_at: null }]);
+  await page.goto(`${base}/#/apps/${app.id}`);
+  const row = page.locator('#app-active-leases tr[data-lease="77"] > td');
+  await row.first().waitFor();
+  assert.equal((await row.allTextContents())[1], 'GPU-h0 (h100), GPU-v0 (v100)');
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
 test('each history range loads with a bounded payload', async () => {
   const page = await signedIn(tokens.admin);
   await page.goto(`${base}/#/history`);

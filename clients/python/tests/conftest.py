@@ -30,6 +30,7 @@ HOSTS = 2
 GPUS_PER_HOST = 2
 HOST_TOPOLOGY = f"""gpus = {GPUS_PER_HOST}
 gpu_name = "NVIDIA A100-SXM4-80GB"
+compute_capability = "8.0"
 memory_gib = 80
 default_ancestor = "node"
 """

@@ -106,6 +106,22 @@ def test_malformed_progress_raises_and_changes_nothing(server: Server, tenant: C
     ]
 
 
+def test_throughput_reports_update_the_table_of_the_hosts_gpu_type(server: Server, tenant: Client) -> None:
+    # The hosts' NVML name, "NVIDIA A100-SXM4-80GB", is GPU type a100.
+    assert {(gpu.gpu_type, gpu.product_name, gpu.compute_capability) for gpu in tenant.cluster()} == {
+        ("a100", "NVIDIA A100-SXM4-80GB", "8.0")
+    }
+    app = tenant.register_app(sweep("measured"))
+    assert tenant.report_throughput(app.id, "a100", 1.5).throughput == {"a100": 1.5}
+    with pytest.raises(Unprocessable) as raised:
+        tenant.report_throughput(app.id, "k80", 2.0)
+    assert raised.value.code == "invalid_throughput" and "gpu_type" in raised.value.detail
+    with pytest.raises(Unprocessable, match="speed"):
+        tenant.report_throughput(app.id, "a100", 0.0)
+    rows = server.query(f"SELECT gpu_type, speed FROM throughput_reports WHERE app_id = {app.id}")
+    assert rows == [{"gpu_type": "a100", "speed": 1.5}]
+
+
 def test_a_finished_app_refuses_progress_with_a_conflict(tenant: Client) -> None:
     app = tenant.register_app(sweep("finished"))
     tenant.finish_app(app.id)

@@ -23,6 +23,7 @@ MODELS = [
     models.LeasedGpu,
     models.Lease,
     models.ProgressAck,
+    models.ThroughputAck,
     models.BidAck,
     models.DrainAck,
     models.RoundSummary,
@@ -30,10 +31,11 @@ MODELS = [
     models.Event,
     models.RegisterApp,
     models.ProgressReport,
+    models.ThroughputReport,
     models.BidEntry,
     models.Bid,
 ]
-REQUESTS = {models.RegisterApp, models.ProgressReport, models.BidEntry, models.Bid}
+REQUESTS = {models.RegisterApp, models.ProgressReport, models.ThroughputReport, models.BidEntry, models.Bid}
 DIFFERENT_ON_PURPOSE = {
     # Events read from the SSE stream carry no time (only the long poll's rows do).
     ("Event", "at"),
@@ -112,6 +114,7 @@ def calls() -> list[_api.Call[Any]]:
         _api.list_apps(),
         _api.get_app(1),
         _api.report_progress(1, []),
+        _api.report_throughput(1, "h100", 1.0),
         _api.finish_app(1),
         _api.app_leases(1),
         _api.why(1),

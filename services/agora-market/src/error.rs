@@ -15,6 +15,8 @@ pub enum MarketError {
     DuplicateApp(AppId),
     #[error("app {0}: {1}")]
     Throughput(AppId, String),
+    #[error(transparent)]
+    ThroughputReport(#[from] crate::throughput::ThroughputReportError),
     #[error("app {0} is not in the market")]
     UnknownApp(AppId),
     #[error("app {0} was not offered GPUs in this round, so it cannot bid")]

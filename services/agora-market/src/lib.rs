@@ -16,6 +16,7 @@ pub mod bids;
 pub mod cluster_file;
 pub mod error;
 pub mod fairness;
+pub mod gpu_models;
 pub mod hosts;
 pub mod lease;
 pub mod leftover;

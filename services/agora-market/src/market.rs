@@ -31,7 +31,7 @@ use crate::rho::RhoOld;
 use crate::round::{
     decide_round, decide_with, merge, offered_subset, Grants, RoundDecision, RoundInputs,
 };
-use crate::throughput::GpuSpeeds;
+use crate::throughput::{GpuSpeeds, Throughput, ThroughputReport};
 use crate::time::Timestamp;
 use crate::topology::{Cluster, GpuId, GpuIndex, GpuLocation};
 
@@ -332,6 +332,27 @@ impl Market {
         app.throughput()
             .check_covers(&self.cluster)
             .map_err(|reason| MarketError::Throughput(app.id.clone(), reason))
+    }
+
+    /// A framework measured `app`'s speed on one GPU type: the app's table takes it
+    /// ([`Throughput::reported`]) and its rho and bids use it from now on. T_cluster, fixed
+    /// when the app arrived, stays: an app's T_id does not move under it.
+    pub fn report_throughput(
+        &mut self,
+        app: &AppId,
+        report: &ThroughputReport,
+    ) -> Result<&Throughput, MarketError> {
+        let participant = self
+            .participants
+            .get_mut(app)
+            .ok_or_else(|| MarketError::UnknownApp(app.clone()))?;
+        let updated = participant
+            .app
+            .throughput()
+            .reported(report, &self.cluster)?;
+        let app = &mut Arc::make_mut(participant).app;
+        *app.throughput_mut() = updated;
+        Ok(app.throughput())
     }
 
     /// An app arrives; its T_cluster is computed on the cluster as it is now.

@@ -71,6 +71,59 @@ impl Throughput {
     }
 }
 
+/// A framework's measurement: the app runs at `speed` on GPUs of type `gpu_type`, in the
+/// table's unit (1.0 is the speed its `serial_iteration_time`s were measured at).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"gpu_type": "v100", "speed": 3.9})))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThroughputReport {
+    pub gpu_type: String,
+    pub speed: f64,
+}
+
+/// A measurement the table cannot take.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ThroughputReportError {
+    #[error("gpu_type: the cluster has no GPU of type `{gpu_type}`; its types are {known}")]
+    UnknownType { gpu_type: String, known: String },
+    #[error("speed must be a finite speed > 0, got {0}")]
+    InvalidSpeed(f64),
+}
+
+impl Throughput {
+    /// The table after `report` on `cluster`. The measured speed replaces the type's entry, as
+    /// an observed iteration time replaces a placement slowdown (`progress.rs`): the app's own
+    /// measurement on this hardware beats a published table for a similar model, and the next
+    /// report corrects a noisy one. Every other type keeps the speed it had: the cluster's
+    /// types the table did not list are written in at their current speed first (1.0 for an
+    /// empty table, else the table's lowest), so the report does not move them.
+    pub fn reported(
+        &self,
+        report: &ThroughputReport,
+        cluster: &Cluster,
+    ) -> Result<Self, ThroughputReportError> {
+        let types = gpu_types(cluster);
+        if !types.contains(&report.gpu_type.as_str()) {
+            return Err(ThroughputReportError::UnknownType {
+                gpu_type: report.gpu_type.clone(),
+                known: types.join(", "),
+            });
+        }
+        if !(report.speed.is_finite() && report.speed > 0.0) {
+            return Err(ThroughputReportError::InvalidSpeed(report.speed));
+        }
+        let mut table = self.0.clone();
+        for gpu_type in types {
+            table
+                .entry(gpu_type.to_owned())
+                .or_insert_with(|| self.speed_on(gpu_type));
+        }
+        table.insert(report.gpu_type.clone(), report.speed);
+        Ok(Self(table))
+    }
+}
+
 /// The distinct GPU types of `cluster`, sorted.
 pub fn gpu_types(cluster: &Cluster) -> Vec<&str> {
     let mut types: Vec<&str> = cluster
@@ -208,6 +261,62 @@ mod tests {
             .expect_err("no v100");
         assert!(error.contains("`v100`"), "{error}");
         assert_eq!(Throughput::default().check_covers(&typed_cluster()), Ok(()));
+    }
+
+    fn report(gpu_type: &str, speed: f64) -> ThroughputReport {
+        ThroughputReport {
+            gpu_type: gpu_type.to_owned(),
+            speed,
+        }
+    }
+
+    #[test]
+    fn a_report_replaces_its_type_and_leaves_the_others() {
+        let table = table(&[("k80", 1.0), ("v100", 4.0)]);
+        let updated = table
+            .reported(&report("v100", 3.5), &typed_cluster())
+            .expect("valid");
+        assert_eq!(updated, self::table(&[("k80", 1.0), ("v100", 3.5)]));
+        let again = updated
+            .reported(&report("v100", 3.8), &typed_cluster())
+            .expect("valid");
+        assert_eq!(again.speed_on("v100"), 3.8, "the latest measurement counts");
+    }
+
+    #[test]
+    fn a_report_on_an_empty_table_keeps_the_other_types_at_one() {
+        let updated = Throughput::default()
+            .reported(&report("v100", 2.5), &typed_cluster())
+            .expect("valid");
+        assert_eq!(updated, table(&[("k80", 1.0), ("v100", 2.5)]));
+    }
+
+    #[test]
+    fn a_report_writes_in_unlisted_types_at_their_speed_before_it() {
+        // The k80 was missing (it joined after the app registered) and counted at the lowest
+        // speed, 2.0; a slower v100 measurement must not drag it down.
+        let updated = table(&[("v100", 2.0)])
+            .reported(&report("v100", 0.5), &typed_cluster())
+            .expect("valid");
+        assert_eq!(updated, table(&[("k80", 2.0), ("v100", 0.5)]));
+    }
+
+    #[test]
+    fn bad_reports_are_errors_naming_the_field() {
+        let cluster = typed_cluster();
+        let unknown = Throughput::default()
+            .reported(&report("h100", 2.0), &cluster)
+            .expect_err("no h100 in the cluster");
+        assert_eq!(
+            unknown.to_string(),
+            "gpu_type: the cluster has no GPU of type `h100`; its types are k80, v100"
+        );
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let error = Throughput::default()
+                .reported(&report("k80", bad), &cluster)
+                .expect_err("not a speed");
+            assert!(error.to_string().starts_with("speed must be"), "{error}");
+        }
     }
 
     #[test]

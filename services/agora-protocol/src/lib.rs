@@ -52,6 +52,58 @@ pub struct GpuDescriptor {
     /// The slot the worker placed it in: GPUs joined by NVLink or a common PCIe switch share a
     /// slot (Themis's best locality level); slots are numbered from 0 on each host.
     pub slot: u32,
+    /// The CUDA compute capability, `major.minor` (`9.0` for an H100); absent when NVML does
+    /// not tell it, and from workers older than this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "9.0")]
+    pub compute_capability: Option<ComputeCapability>,
+}
+
+/// A CUDA compute capability (`nvmlDeviceGetCudaComputeCapability`), written `major.minor`
+/// (`8.0`, `9.0`) in JSON and in topology files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ComputeCapability {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl std::fmt::Display for ComputeCapability {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "{}.{}", self.major, self.minor)
+    }
+}
+
+impl std::str::FromStr for ComputeCapability {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let number = |part: &str| {
+            (!part.is_empty() && part.bytes().all(|byte| byte.is_ascii_digit()))
+                .then(|| part.parse::<u32>().ok())
+                .flatten()
+        };
+        text.split_once('.')
+            .and_then(|(major, minor)| Some((number(major)?, number(minor)?)))
+            .map(|(major, minor)| Self { major, minor })
+            .ok_or_else(|| {
+                format!("compute capability must be `major.minor` (e.g. `9.0`), got {text:?}")
+            })
+    }
+}
+
+impl TryFrom<String> for ComputeCapability {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse()
+    }
+}
+
+impl From<ComputeCapability> for String {
+    fn from(capability: ComputeCapability) -> Self {
+        capability.to_string()
+    }
 }
 
 /// How two GPUs of one host are connected, from closest to farthest (NVML's
@@ -249,6 +301,25 @@ mod tests {
                 reason: "XID 79".into()
             }
         );
+    }
+
+    #[test]
+    fn compute_capabilities_are_major_dot_minor() {
+        let capability: ComputeCapability = serde_json::from_str(r#""9.0""#).expect("valid");
+        assert_eq!(capability, ComputeCapability { major: 9, minor: 0 });
+        assert_eq!(serde_json::to_string(&capability).expect("ok"), r#""9.0""#);
+        for bad in ["9", "9.", ".0", "9.0.1", "x.0", "-1.0", "9.0 ", ""] {
+            let error = bad.parse::<ComputeCapability>().expect_err(bad);
+            assert!(error.contains("major.minor"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_descriptor_without_compute_capability_still_parses() {
+        let json = r#"{"uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3",
+            "memory_total_bytes": 1, "pci_bus_id": "0", "index": 0, "slot": 0}"#;
+        let gpu: GpuDescriptor = serde_json::from_str(json).expect("an older worker's GPU");
+        assert_eq!(gpu.compute_capability, None);
     }
 
     #[test]

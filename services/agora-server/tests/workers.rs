@@ -7,8 +7,8 @@ mod support;
 use std::time::Duration;
 
 use agora_protocol::{
-    heartbeat_path, Enforcement, GpuDescriptor, GpuHealth, GpuLink, GpuMetrics, GpuReport,
-    Heartbeat, HeartbeatReply, HostRegistration, LinkKind, Registered, REGISTER_PATH,
+    heartbeat_path, ComputeCapability, Enforcement, GpuDescriptor, GpuHealth, GpuLink, GpuMetrics,
+    GpuReport, Heartbeat, HeartbeatReply, HostRegistration, LinkKind, Registered, REGISTER_PATH,
 };
 use serde_json::{json, Value};
 use support::{
@@ -17,6 +17,11 @@ use support::{
 };
 
 fn registration(host: &str, rack: &str, uuids: &[&str]) -> HostRegistration {
+    typed_registration(host, rack, uuids, "NVIDIA H100 80GB HBM3")
+}
+
+/// A host of GPUs that NVML calls `product`.
+fn typed_registration(host: &str, rack: &str, uuids: &[&str], product: &str) -> HostRegistration {
     HostRegistration {
         host: host.to_owned(),
         rack: rack.to_owned(),
@@ -25,11 +30,12 @@ fn registration(host: &str, rack: &str, uuids: &[&str]) -> HostRegistration {
             .enumerate()
             .map(|(index, uuid)| GpuDescriptor {
                 uuid: (*uuid).to_owned(),
-                name: "NVIDIA H100 80GB HBM3".to_owned(),
+                name: product.to_owned(),
                 memory_total_bytes: 80 << 30,
                 pci_bus_id: format!("00000000:{:02X}:00.0", 0x1B + index),
                 index: index as u32,
                 slot: 0,
+                compute_capability: Some(ComputeCapability { major: 9, minor: 0 }),
             })
             .collect(),
         links: uuids
@@ -488,6 +494,9 @@ async fn bad_registrations_and_wrong_tokens_are_refused_and_nothing_is_stored() 
     empty.gpus.clear();
     empty.links.clear();
     bad.push((json!(empty), "invalid_registration"));
+    let mut consumer = good.clone();
+    consumer.gpus[1].name = "NVIDIA GeForce RTX 4090".to_owned();
+    bad.push((json!(consumer), "invalid_registration"));
     let mut unknown_field = json!(good);
     unknown_field["gpu_count"] = json!(2);
     bad.push((unknown_field, "invalid_body"));
@@ -556,4 +565,140 @@ async fn bad_registrations_and_wrong_tokens_are_refused_and_nothing_is_stored() 
         "{answer}"
     );
     simulated.running.stop().await;
+}
+
+/// Hosts report NVML product names, which the arbiter maps to GPU types: the cluster, the
+/// leases and the engine speak of `h100` and `v100`. A framework then reports a measured
+/// speed: the answer is the app's table after it, the report is kept in the SQL history, the
+/// app's state carries the table across a restart, and bad reports are 422 naming the field.
+#[actix_web::test]
+async fn gpu_types_come_from_product_names_and_throughput_reports_update_the_table() {
+    let database = fresh_database().await;
+    let settings = workers_config(&database);
+    let clock = start_clock();
+    let service = serve(&settings, clock.clone()).await;
+    register_host(&service, &registration("node-h", "rack-1", &["GPU-h0"])).await;
+    let v100 = typed_registration("node-v", "rack-1", &["GPU-v0"], "Tesla V100-SXM2-16GB");
+    register_host(&service, &v100).await;
+    let refused = typed_registration("node-x", "rack-1", &["GPU-x0"], "NVIDIA GeForce RTX 4090");
+    let (status, answer) = service
+        .call("POST", REGISTER_PATH, WORKER_TOKEN, Some(json!(refused)))
+        .await;
+    assert_eq!(status, 422, "{answer}");
+    let detail = answer["detail"].as_str().expect("detail");
+    assert!(
+        detail.contains("gpus[0].name") && detail.contains("RTX 4090"),
+        "{detail}"
+    );
+
+    let (_, cluster) = service.call("GET", "/v1/cluster", ADMIN, None).await;
+    let described: Vec<(&str, &str, &str, &str)> = cluster["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .map(|gpu| {
+            let field = |name: &str| gpu[name].as_str().expect(name);
+            (
+                field("id"),
+                field("gpu_type"),
+                field("product_name"),
+                field("compute_capability"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        described,
+        vec![
+            ("GPU-h0", "h100", "NVIDIA H100 80GB HBM3", "9.0"),
+            ("GPU-v0", "v100", "Tesla V100-SXM2-16GB", "9.0"),
+        ]
+    );
+
+    let vision = service.tenant("vision").await;
+    let body = json!({ "name": "typed", "app": { "kind": "single_job",
+        "job": { "id": "j", "total_iterations": 100_000, "serial_iteration_time": 1.0,
+                 "max_gpus": 2 },
+        "throughput": { "h100": 2.0, "v100": 1.0 } } });
+    let (status, answer) = service.call("POST", "/v1/apps", &vision, Some(body)).await;
+    assert_eq!(status, 201, "{answer}");
+    let app = answer["id"].as_i64().expect("id");
+    let leases = service
+        .wait_for_leases(&vision, app, |leases| active(leases).len() == 1)
+        .await;
+    let mut leased: Vec<(&str, &str)> = active(&leases)[0]["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .map(|gpu| {
+            (
+                gpu["id"].as_str().expect("id"),
+                gpu["gpu_type"].as_str().expect("type"),
+            )
+        })
+        .collect();
+    leased.sort_unstable();
+    assert_eq!(leased, vec![("GPU-h0", "h100"), ("GPU-v0", "v100")]);
+
+    let path = format!("/v1/apps/{app}/throughput");
+    let report = |gpu_type: &str, speed: f64| json!({ "gpu_type": gpu_type, "speed": speed });
+    let (status, answer) = service
+        .call("POST", &path, &vision, Some(report("v100", 1.5)))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer,
+        json!({ "throughput": { "h100": 2.0, "v100": 1.5 } })
+    );
+    let bad = [
+        (report("k80", 1.0), "invalid_throughput", "gpu_type"),
+        (report("v100", 0.0), "invalid_throughput", "speed"),
+        (report("v100", -2.0), "invalid_throughput", "speed"),
+        (json!({ "gpu_type": "v100" }), "invalid_body", "speed"),
+    ];
+    for (body, code, field) in bad {
+        let (status, answer) = service
+            .call("POST", &path, &vision, Some(body.clone()))
+            .await;
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (422, Some(code)),
+            "{body}: {answer}"
+        );
+        let detail = answer["detail"].as_str().expect("detail");
+        assert!(detail.contains(field), "{body}: {detail}");
+    }
+    let other = service.tenant("other").await;
+    let (status, answer) = service
+        .call("POST", &path, &other, Some(report("v100", 9.0)))
+        .await;
+    assert_eq!(status, 404, "another tenant's app is not found: {answer}");
+    assert_eq!(
+        count(&service, "SELECT count(*) FROM throughput_reports").await,
+        1,
+        "only the accepted report is kept"
+    );
+    service.running.stop().await;
+
+    let restarted = serve(&settings, clock).await;
+    let (status, answer) = restarted
+        .call("POST", &path, &vision, Some(report("h100", 2.5)))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer,
+        json!({ "throughput": { "h100": 2.5, "v100": 1.5 } }),
+        "the report before the restart was restored with the app"
+    );
+    let history: Vec<(String, f64)> = sqlx::query_as(
+        "SELECT gpu_type, speed FROM throughput_reports WHERE app_id = $1 ORDER BY id",
+    )
+    .bind(app)
+    .fetch_all(restarted.running.store.pool())
+    .await
+    .expect("the history");
+    assert_eq!(
+        history,
+        vec![("v100".to_owned(), 1.5), ("h100".to_owned(), 2.5)]
+    );
+    restarted.running.stop().await;
 }

@@ -2,7 +2,7 @@
 //! ([`crate::nvml::NvmlBackend`]), a topology file in CI and demos
 //! ([`crate::simulated::SimulatedBackend`]).
 
-use agora_protocol::GpuMetrics;
+use agora_protocol::{ComputeCapability, GpuMetrics};
 
 /// A GPU as discovered on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,7 +11,9 @@ pub struct Device {
     pub index: u32,
     /// The CUDA UUID (`GPU-…`).
     pub uuid: String,
+    /// The product name (`NVIDIA H100 80GB HBM3`), which the arbiter maps to a GPU type.
     pub name: String,
+    pub compute_capability: Option<ComputeCapability>,
     pub memory_total_bytes: u64,
     pub pci_bus_id: String,
 }

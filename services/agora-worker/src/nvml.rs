@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use agora_protocol::GpuMetrics;
+use agora_protocol::{ComputeCapability, GpuMetrics};
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
     EccCounter, MemoryError, P2pCapabilitiesIndex, P2pStatus, TemperatureSensor, TopologyLevel,
@@ -106,6 +106,21 @@ fn optional<T>(what: &str, reading: Result<T, NvmlError>) -> Result<Option<T>, B
     }
 }
 
+/// The GPU's CUDA compute capability, `None` where NVML does not tell it (NVML answers with
+/// C ints; a negative one would be a driver bug, reported as no answer).
+fn compute_capability(
+    device: &nvml_wrapper::Device<'static>,
+    what: &str,
+) -> Result<Option<ComputeCapability>, BackendError> {
+    let capability = optional(what, device.cuda_compute_capability())?;
+    Ok(capability.and_then(|capability| {
+        Some(ComputeCapability {
+            major: u32::try_from(capability.major).ok()?,
+            minor: u32::try_from(capability.minor).ok()?,
+        })
+    }))
+}
+
 fn ancestor(level: TopologyLevel) -> CommonAncestor {
     match level {
         TopologyLevel::Internal => CommonAncestor::Internal,
@@ -148,6 +163,7 @@ impl GpuBackend for NvmlBackend {
                     index,
                     uuid: device.uuid().map_err(failed(&what))?,
                     name: device.name().map_err(failed(&what))?,
+                    compute_capability: compute_capability(&device, &what)?,
                     memory_total_bytes: device.memory_info().map_err(failed(&what))?.total,
                     pci_bus_id: device.pci_info().map_err(failed(&what))?.bus_id,
                 })

@@ -4,7 +4,8 @@
 //!
 //! ```toml
 //! gpus = 8                            # GPUs 0..8 on this host
-//! gpu_name = "NVIDIA A100-SXM4-80GB"
+//! gpu_name = "NVIDIA A100-SXM4-80GB"  # NVML's product name: the arbiter maps it to a type
+//! compute_capability = "8.0"          # optional, major.minor
 //! memory_gib = 80
 //! default_ancestor = "system"         # PCIe ancestor of pairs no [[links]] group names
 //!
@@ -31,7 +32,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agora_protocol::GpuMetrics;
+use agora_protocol::{ComputeCapability, GpuMetrics};
 use serde::Deserialize;
 
 use crate::backend::{
@@ -44,6 +45,8 @@ use crate::backend::{
 pub struct HostSpec {
     pub gpus: u32,
     pub gpu_name: String,
+    #[serde(default)]
+    pub compute_capability: Option<ComputeCapability>,
     pub memory_gib: u64,
     #[serde(default = "across_sockets")]
     pub default_ancestor: CommonAncestor,
@@ -136,6 +139,7 @@ impl SimulatedBackend {
                 index,
                 uuid: simulated_uuid(host, index),
                 name: spec.gpu_name.clone(),
+                compute_capability: spec.compute_capability,
                 memory_total_bytes: spec.memory_gib << 30,
                 pci_bus_id: format!("00000000:{:02X}:00.0", 0x10 + index * 0x10),
             })
@@ -296,6 +300,10 @@ mod tests {
         let mut backend = SimulatedBackend::from_toml(EXAMPLE, "host-a").expect("valid example");
         let devices = backend.devices().expect("devices");
         assert_eq!(devices.len(), 8);
+        let a100 = Some(ComputeCapability { major: 8, minor: 0 });
+        assert!(devices
+            .iter()
+            .all(|gpu| gpu.name == "NVIDIA A100-SXM4-80GB" && gpu.compute_capability == a100));
         let island = backend.pair_topology(0, 3).expect("pair");
         assert!(island.nvlinks > 0);
         let across = backend.pair_topology(3, 4).expect("pair");
@@ -388,5 +396,9 @@ mod tests {
         let fault_typo = "gpus = 2\ngpu_name = \"T4\"\nmemory_gib = 16\n[[faults]]\nkind = \"lost\"\ngpu = 1\nat_second = 5\n";
         let error = SimulatedBackend::from_toml(fault_typo, "h").expect_err("unknown field");
         assert!(error.contains("at_second"), "{error}");
+        let capability =
+            "gpus = 2\ngpu_name = \"T4\"\nmemory_gib = 16\ncompute_capability = \"7\"\n";
+        let error = SimulatedBackend::from_toml(capability, "h").expect_err("no minor");
+        assert!(error.contains("major.minor"), "{error}");
     }
 }

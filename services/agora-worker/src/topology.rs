@@ -118,6 +118,7 @@ impl HostTopology {
                 pci_bus_id: device.pci_bus_id.clone(),
                 index: device.index,
                 slot: slots[&device.index],
+                compute_capability: device.compute_capability,
             })
             .collect();
         let uuid_of: BTreeMap<u32, &str> = self
@@ -151,10 +152,13 @@ impl HostTopology {
         for device in &self.devices {
             let _ = writeln!(
                 out,
-                "GPU{}  {}  {}  {} MiB  {}  slot {}",
+                "GPU{}  {}  {}  compute {}  {} MiB  {}  slot {}",
                 device.index,
                 device.uuid,
                 device.name,
+                device
+                    .compute_capability
+                    .map_or_else(|| "?".to_owned(), |capability| capability.to_string()),
                 device.memory_total_bytes >> 20,
                 device.pci_bus_id,
                 slots[&device.index]
@@ -217,6 +221,8 @@ fn matrix_code(pair: PairTopology) -> String {
 
 #[cfg(test)]
 mod tests {
+    use agora_protocol::ComputeCapability;
+
     use super::*;
 
     fn device(index: u32) -> Device {
@@ -224,6 +230,7 @@ mod tests {
             index,
             uuid: format!("GPU-{index}"),
             name: "NVIDIA H100 80GB HBM3".to_owned(),
+            compute_capability: Some(ComputeCapability { major: 9, minor: 0 }),
             memory_total_bytes: 80 << 30,
             pci_bus_id: format!("00000000:{index:02X}:00.0"),
         }
@@ -356,7 +363,7 @@ mod tests {
         let topology = host(3, &[(0, 1, nvlink(12)), (1, 2, pcie(CommonAncestor::Node))]);
         let text = topology.render();
         assert!(
-            text.contains("GPU0  GPU-0  NVIDIA H100 80GB HBM3  81920 MiB"),
+            text.contains("GPU0  GPU-0  NVIDIA H100 80GB HBM3  compute 9.0  81920 MiB"),
             "{text}"
         );
         let matrix = topology.matrix();

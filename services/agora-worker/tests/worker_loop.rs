@@ -21,6 +21,7 @@ const TOKEN: &str = "worker-secret";
 const HOST: &str = r#"
 gpus = 2
 gpu_name = "NVIDIA H100 80GB HBM3"
+compute_capability = "9.0"
 memory_gib = 80
 [[links]]
 gpus = [0, 1]

@@ -65,6 +65,11 @@ def report_progress(app: int, jobs: list[models.JobProgress]) -> Call[models.Pro
     return Call("POST", f"{_app(app)}/progress", models.ProgressAck.from_json, body=body, replayable=True)
 
 
+def report_throughput(app: int, gpu_type: str, speed: float) -> Call[models.ThroughputAck]:
+    body = models.to_json(models.ThroughputReport(gpu_type=gpu_type, speed=speed))
+    return Call("POST", f"{_app(app)}/throughput", models.ThroughputAck.from_json, body=body, replayable=True)
+
+
 def finish_app(app: int) -> Call[None]:
     return Call("POST", f"{_app(app)}/finish", _nothing, replayable=True)
 

@@ -90,6 +90,9 @@ class AsyncClient:
     async def report_progress(self, app: int, jobs: list[models.JobProgress]) -> models.ProgressAck:
         return await self.send(_api.report_progress(app, jobs))
 
+    async def report_throughput(self, app: int, gpu_type: str, speed: float) -> models.ThroughputAck:
+        return await self.send(_api.report_throughput(app, gpu_type, speed))
+
     async def finish_app(self, app: int) -> None:
         await self.send(_api.finish_app(app))
 

@@ -105,6 +105,11 @@ class Client:
         """Iterations done, jobs stopped early, observed iteration times: applied all or nothing."""
         return self.send(_api.report_progress(app, jobs))
 
+    def report_throughput(self, app: int, gpu_type: str, speed: float) -> models.ThroughputAck:
+        """The app's measured speed on one GPU type (relative to its iteration times); replaces
+        that type's entry of its throughput table."""
+        return self.send(_api.report_throughput(app, gpu_type, speed))
+
     def finish_app(self, app: int) -> None:
         """Ends the app: its leases are released and it stops bidding."""
         self.send(_api.finish_app(app))

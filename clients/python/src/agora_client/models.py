@@ -89,16 +89,18 @@ class App:
 
 @dataclass(frozen=True)
 class LeasedGpu:
-    """One GPU of a lease: Agora's id, its host, and the CUDA UUID for `CUDA_VISIBLE_DEVICES`."""
+    """One GPU of a lease: Agora's id, its host, the CUDA UUID for `CUDA_VISIBLE_DEVICES`, and
+    its GPU type (`h100`)."""
 
     SCHEMA: ClassVar[str] = "LeasedGpu"
     id: str
     host: str
     cuda_uuid: str
+    gpu_type: str
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> LeasedGpu:
-        return cls(id=body["id"], host=body["host"], cuda_uuid=body["cuda_uuid"])
+        return cls(id=body["id"], host=body["host"], cuda_uuid=body["cuda_uuid"], gpu_type=body["gpu_type"])
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,18 @@ class Lease:
     def cuda_visible_devices(self) -> str:
         """The lease's GPUs as `CUDA_VISIBLE_DEVICES` expects them (comma-separated UUIDs)."""
         return ",".join(gpu.cuda_uuid for gpu in self.gpus)
+
+
+@dataclass(frozen=True)
+class ThroughputAck:
+    """The answer to a throughput report: the app's speed per GPU type from now on."""
+
+    SCHEMA: ClassVar[str] = "ThroughputAck"
+    throughput: dict[str, float]
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> ThroughputAck:
+        return cls(throughput=dict(body["throughput"]))
 
 
 @dataclass(frozen=True)
@@ -208,7 +222,8 @@ class RoundSummary:
 @dataclass(frozen=True)
 class ClusterGpu:
     """One GPU of the cluster; `lease_id` and `app_id` are `None` when free or another
-    tenant's."""
+    tenant's. `product_name` and `compute_capability` are what a GPU host's NVML reported
+    (`None` in a simulated fleet); `gpu_type` is the type the name maps to."""
 
     SCHEMA: ClassVar[str] = "GpuView"
     id: str
@@ -217,6 +232,8 @@ class ClusterGpu:
     host: str
     slot: int
     gpu_type: str
+    product_name: str | None
+    compute_capability: str | None
     cuda_uuid: str
     healthy: bool
     lease_id: int | None
@@ -425,6 +442,16 @@ class ProgressReport:
 
     SCHEMA: ClassVar[str] = "ProgressBody"
     jobs: list[JobProgress]
+
+
+@dataclass(frozen=True)
+class ThroughputReport:
+    """The body of `POST /v1/apps/{app}/throughput`: the app measured at `speed` on GPUs of type
+    `gpu_type`, relative to the speed its `serial_iteration_time`s were measured at (1.0)."""
+
+    SCHEMA: ClassVar[str] = "ThroughputReport"
+    gpu_type: str
+    speed: float
 
 
 @dataclass(frozen=True)

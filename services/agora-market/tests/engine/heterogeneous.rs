@@ -4,7 +4,7 @@
 use agora_market::app::{App, AppKind, PlacementSlowdown};
 use agora_market::auction::AppBid;
 use agora_market::market::{Market, MarketConfig, MarketError};
-use agora_market::throughput::Throughput;
+use agora_market::throughput::{Throughput, ThroughputReport};
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, Gpu, GpuId, GpuIndex, GpuLocation};
 
@@ -220,4 +220,58 @@ fn a_table_without_a_type_of_the_cluster_is_refused_naming_it() {
     let negative = app("b", table(1.0, -2.0));
     let refusal = negative.validate().expect_err("negative speed");
     assert!(refusal.contains("throughput.v100"), "{refusal}");
+}
+
+/// A framework measures app A (declared 4x on a V100) at only 2x: from then on its rho on a
+/// V100 is what a 2x speed gives (T_cluster 125 s fixed at arrival, N_avg 2, so T_id 250 s:
+/// rho 1000 / 4 / 250 = 1 before, 1000 / 2 / 250 = 2 after), its rho on a K80 does not move, and a bad report changes nothing.
+#[test]
+fn a_throughput_report_moves_rho_on_its_type_only() {
+    let mut market =
+        Market::new(two_types(), MarketConfig::default(), Timestamp(0)).expect("valid config");
+    for app in [app("a", table(1.0, 4.0)), app("b", table(1.0, 1.0))] {
+        market.add_app(app, Timestamp(0)).expect("admitted");
+    }
+    let rho_on = |market: &Market, gpu: GpuIndex| {
+        market
+            .rho_projection(&"a".into(), &[gpu], Timestamp(0))
+            .expect("known app")
+            .projected
+            .expect("finite")
+            .get()
+    };
+    let (v100, k80) = (GpuIndex(0), GpuIndex(2));
+    let (before_v100, before_k80) = (rho_on(&market, v100), rho_on(&market, k80));
+    assert!((before_v100 - 1.0).abs() < 1e-12, "{before_v100}");
+
+    let report = ThroughputReport {
+        gpu_type: "v100".into(),
+        speed: 2.0,
+    };
+    let table_now = market
+        .report_throughput(&"a".into(), &report)
+        .expect("a valid report")
+        .clone();
+    assert_eq!(table_now, table(1.0, 2.0));
+    assert!((rho_on(&market, v100) - 2.0 * before_v100).abs() < 1e-12);
+    assert_eq!(rho_on(&market, k80), before_k80);
+
+    let zero = ThroughputReport {
+        gpu_type: "v100".into(),
+        speed: 0.0,
+    };
+    assert!(matches!(
+        market.report_throughput(&"a".into(), &zero),
+        Err(MarketError::ThroughputReport(_))
+    ));
+    assert!(matches!(
+        market.report_throughput(&"nobody".into(), &report),
+        Err(MarketError::UnknownApp(_))
+    ));
+    let a_table = market
+        .apps()
+        .find(|app| app.id.0 == "a")
+        .expect("a")
+        .throughput();
+    assert_eq!(a_table, &table(1.0, 2.0), "refused reports change nothing");
 }

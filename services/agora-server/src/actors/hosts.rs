@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 
 use actix::prelude::*;
+use agora_market::gpu_models::gpu_type_of;
 use agora_market::hosts::{Host, HostGpu, HostSpec};
 use agora_market::live::{Event, Notice};
 use agora_market::market::{HostJoined, Market, Withdrawal};
@@ -68,6 +69,31 @@ impl Handler<HostHeartbeat> for Arbiter {
     }
 }
 
+/// The host as the engine sees it: each GPU of the type its NVML product name maps to
+/// (`agora_market::gpu_models`); a name that maps to no type refuses the registration.
+fn host_spec(registration: &HostRegistration) -> Result<HostSpec, ArbiterError> {
+    let gpus = registration
+        .gpus
+        .iter()
+        .enumerate()
+        .map(|(position, gpu)| {
+            let gpu_type = gpu_type_of(&gpu.name).map_err(|error| {
+                ArbiterError::InvalidRegistration(format!("gpus[{position}].name: {error}"))
+            })?;
+            Ok(HostGpu {
+                id: GpuId(gpu.uuid.clone()),
+                gpu_type: gpu_type.to_owned(),
+                slot: gpu.slot,
+            })
+        })
+        .collect::<Result<_, ArbiterError>>()?;
+    Ok(HostSpec {
+        name: registration.host.clone(),
+        rack: registration.rack.clone(),
+        gpus,
+    })
+}
+
 /// What a heartbeat changes, staged on a copy of the market.
 struct StagedHeartbeat {
     next: Market,
@@ -84,18 +110,9 @@ impl Arbiter {
         ctx: &mut Context<Self>,
     ) -> Reply<Registered> {
         let now = self.now();
-        let spec = HostSpec {
-            name: registration.host.clone(),
-            rack: registration.rack.clone(),
-            gpus: registration
-                .gpus
-                .iter()
-                .map(|gpu| HostGpu {
-                    id: GpuId(gpu.uuid.clone()),
-                    gpu_type: gpu.name.clone(),
-                    slot: gpu.slot,
-                })
-                .collect(),
+        let spec = match host_spec(&registration) {
+            Ok(spec) => spec,
+            Err(error) => return refuse(error),
         };
         let mut next = self.market().clone();
         let joined = match next.register_host(&spec, now) {
@@ -357,11 +374,12 @@ impl Arbiter {
 /// The registration as stored, with the cluster numbers the engine gave the host's GPUs.
 fn host_record(next: &Market, joined: &HostJoined, registration: HostRegistration) -> HostRecord {
     let cluster = next.cluster();
-    let location = |uuid: &str| {
+    let gpu = |uuid: &str| {
         cluster
             .index_of(&GpuId(uuid.to_owned()))
-            .map(|index| cluster.location(index))
+            .map(|index| cluster.gpu(index))
     };
+    let location = |uuid: &str| gpu(uuid).map(|gpu| gpu.location);
     let rack = registration
         .gpus
         .first()
@@ -377,14 +395,18 @@ fn host_record(next: &Market, joined: &HostJoined, registration: HostRegistratio
         gpus: registration
             .gpus
             .into_iter()
-            .map(|gpu| WorkerGpuRecord {
-                slot: location(&gpu.uuid).map_or(0, |location| location.slot as i32),
-                uuid: gpu.uuid,
-                name: gpu.name,
-                memory_total_bytes: gpu.memory_total_bytes,
-                pci_bus_id: gpu.pci_bus_id,
-                nvml_index: gpu.index,
-                host_slot: gpu.slot,
+            .map(|reported| WorkerGpuRecord {
+                slot: location(&reported.uuid).map_or(0, |location| location.slot as i32),
+                gpu_type: gpu(&reported.uuid)
+                    .map(|gpu| gpu.gpu_type.clone())
+                    .unwrap_or_default(),
+                compute_capability: reported.compute_capability.map(|cc| cc.to_string()),
+                uuid: reported.uuid,
+                name: reported.name,
+                memory_total_bytes: reported.memory_total_bytes,
+                pci_bus_id: reported.pci_bus_id,
+                nvml_index: reported.index,
+                host_slot: reported.slot,
             })
             .collect(),
     }

@@ -14,6 +14,7 @@ pub mod requests;
 
 use agora_market::auction::AuctionError;
 use agora_market::progress::ProgressError;
+use agora_market::throughput::ThroughputReportError;
 
 use crate::store::StoreError;
 
@@ -37,6 +38,8 @@ pub enum ArbiterError {
     InvalidAllocation(String),
     #[error("invalid progress report: {0}")]
     Progress(#[from] ProgressError),
+    #[error("invalid throughput report: {0}")]
+    Throughput(#[from] ThroughputReportError),
     #[error("round {0} does not exist")]
     UnknownRound(i64),
     #[error("round {0} no longer takes bids (its deadline passed); wait for the next offer")]

@@ -6,8 +6,9 @@ use agora_market::app::{App, AppId, AppKind};
 use agora_market::auction::AppBid;
 use agora_market::lease::LeaseId;
 use agora_market::live::{Event, LiveError, Notice};
-use agora_market::market::Withdrawal;
+use agora_market::market::{MarketError, Withdrawal};
 use agora_market::progress::JobProgress;
+use agora_market::throughput::{Throughput, ThroughputReport};
 use agora_market::time::Timestamp;
 use agora_market::topology::GpuIndex;
 use agora_protocol::Enforcement;
@@ -22,7 +23,7 @@ use super::ArbiterError;
 use crate::clock::to_datetime;
 use crate::store::{
     app_id, app_key, AppInsert, BidInsert, Commit, EventPayload, NewApp, NewBid, OperatorAction,
-    ProgressSample, RevocationNoticeEvent,
+    ProgressSample, RevocationNoticeEvent, ThroughputSample,
 };
 use crate::visibility::Caller;
 
@@ -277,7 +278,63 @@ impl Arbiter {
     }
 }
 
+/// A framework's measured throughput of an app on one GPU type; the answer is the app's table
+/// after it.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Throughput, ArbiterError>")]
+pub struct ReportThroughput {
+    pub tenant: Option<i64>,
+    pub app: i64,
+    pub report: ThroughputReport,
+    /// The caller's span (the HTTP request's), which the arbiter's work joins.
+    pub span: tracing::Span,
+}
+
+impl Handler<ReportThroughput> for Arbiter {
+    type Result = Reply<Throughput>;
+
+    fn handle(&mut self, request: ReportThroughput, ctx: &mut Self::Context) -> Self::Result {
+        let _span = request.span.clone().entered();
+        match self.stage_throughput(&request) {
+            Ok((staged, commit, table)) => self.commit(commit, staged, ctx, move |_, _| table),
+            Err(error) => refuse(error),
+        }
+    }
+}
+
 impl Arbiter {
+    /// The engine updates the app's table on a copy of the market; the commit stores the new
+    /// table with the app's state and the report in `throughput_reports`.
+    fn stage_throughput(
+        &self,
+        request: &ReportThroughput,
+    ) -> Result<(Staged, Commit, Throughput), ArbiterError> {
+        let id = self.authorize(request.tenant, request.app)?;
+        let mut next = self.market().clone();
+        let table = next
+            .report_throughput(&id, &request.report)
+            .map_err(|error| match error {
+                MarketError::ThroughputReport(invalid) => ArbiterError::Throughput(invalid),
+                MarketError::UnknownApp(_) => ArbiterError::AppNotActive(request.app),
+                other => ArbiterError::Internal(other.to_string()),
+            })?
+            .clone();
+        let app = next
+            .app_mut(&id)
+            .ok_or(ArbiterError::AppNotActive(request.app))?;
+        let internal = |error: serde_json::Error| ArbiterError::Internal(error.to_string());
+        let state = serde_json::to_value(&app.kind).map_err(internal)?;
+        let mut commit = Commit::default();
+        commit.app_states.push((request.app, state));
+        commit.throughput_reports.push(ThroughputSample {
+            app: request.app,
+            gpu_type: request.report.gpu_type.clone(),
+            speed: request.report.speed,
+            throughput: serde_json::to_value(&table).map_err(internal)?,
+        });
+        Ok((Staged::market(next), commit, table))
+    }
+
     /// The app leaves `next` (the staged market): its leases are released and it is recorded
     /// as finished.
     fn stage_departure(

@@ -1,8 +1,10 @@
-//! Apps: register, report progress, finish, leases, and "why did I get what I got".
+//! Apps: register, report progress and measured throughput, finish, leases, and "why did I
+//! get what I got".
 
 use actix_web::{get, post, web, HttpResponse};
 use agora_market::app::AppKind;
 use agora_market::progress::JobProgress;
+use agora_market::throughput::{Throughput, ThroughputReport};
 use agora_protocol::Enforcement;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -15,7 +17,8 @@ use super::problem::{ApiError, ErrorCode, Problem};
 use super::{authorized_app, owned_app, ApiState, Caller};
 use crate::actors::agent::Bidding;
 use crate::actors::requests::{
-    AppStanding, FinishApp, ProgressAck, RegisterApp, ReportProgress, RhoOf, RhoView, StandingOf,
+    AppStanding, FinishApp, ProgressAck, RegisterApp, ReportProgress, ReportThroughput, RhoOf,
+    RhoView, StandingOf,
 };
 use crate::store::{AppRow, LeaseView};
 use crate::why::{round_sentence, RoundFacts};
@@ -145,6 +148,42 @@ pub async fn report_progress(
         })
         .await??;
     Ok(HttpResponse::Ok().json(ack))
+}
+
+/// The app's throughput table after a report.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"throughput": {"k80": 1.0, "v100": 3.9}}))]
+pub struct ThroughputAck {
+    /// The app's speed per GPU type, which its rho and bids use from now on.
+    pub throughput: Throughput,
+}
+
+/// Report a measured throughput: the app runs at `speed` on GPUs of type `gpu_type`, relative
+/// to the speed its `serial_iteration_time`s were measured at (1.0). It replaces that type's
+/// entry of the app's table; the other types keep theirs.
+#[utoipa::path(post, path = "/v1/apps/{app}/throughput", params(("app" = i64, Path)),
+    request_body = ThroughputReport,
+    responses((status = 200, body = ThroughputAck), (status = 409, body = Problem),
+        (status = 422, body = Problem)))]
+#[post("/v1/apps/{app}/throughput")]
+pub async fn report_throughput(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    app: web::Path<i64>,
+    body: Body<ThroughputReport>,
+) -> Result<HttpResponse, ApiError> {
+    owned_app(&state, caller, *app).await?;
+    let throughput = state
+        .arbiter()
+        .await?
+        .send(ReportThroughput {
+            tenant: caller.tenant(),
+            app: *app,
+            report: body.into_inner(),
+            span: tracing::Span::current(),
+        })
+        .await??;
+    Ok(HttpResponse::Ok().json(ThroughputAck { throughput }))
 }
 
 /// The search is over: the app leaves the market and its leases are released.

@@ -237,6 +237,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .service(apps::list_apps)
         .service(apps::get_app)
         .service(apps::report_progress)
+        .service(apps::report_throughput)
         .service(apps::finish_app)
         .service(apps::app_leases)
         .service(apps::why)
@@ -312,6 +313,7 @@ fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
         apps::list_apps,
         apps::get_app,
         apps::report_progress,
+        apps::report_throughput,
         apps::finish_app,
         apps::app_leases,
         apps::why,

@@ -84,6 +84,9 @@ error_codes! {
     InvalidTenant = "invalid_tenant", [422];
     InvalidApp = "invalid_app", [422];
     InvalidProgress = "invalid_progress", [422];
+    /// A throughput report for a GPU type the cluster does not have, or with a speed that is
+    /// not finite and > 0.
+    InvalidThroughput = "invalid_throughput", [422];
     /// A projected allocation with a GPU that is not in the cluster, or one listed twice.
     InvalidAllocation = "invalid_allocation", [422];
     InvalidRho = "invalid_rho", [422];
@@ -257,6 +260,7 @@ impl From<ArbiterError> for ApiError {
             E::DuplicateAppName(_) => C::DuplicateAppName,
             E::InvalidApp(_) => C::InvalidApp,
             E::Progress(_) => C::InvalidProgress,
+            E::Throughput(_) => C::InvalidThroughput,
             E::InvalidAllocation(_) => C::InvalidAllocation,
             E::UnknownRound(_) => C::UnknownRound,
             E::RoundClosed(_) => C::RoundClosed,

@@ -39,6 +39,8 @@ pub struct LeasedGpu {
     pub id: String,
     pub host: String,
     pub cuda_uuid: String,
+    /// The GPU's type (`h100`, `v100`): what the app's throughput table prices.
+    pub gpu_type: String,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -140,7 +142,12 @@ pub struct GpuView {
     pub rack: i32,
     pub host: String,
     pub slot: i32,
+    /// The engine's GPU type (`h100`): on a GPU host, what its NVML product name maps to.
     pub gpu_type: String,
+    /// On a GPU host: the product name NVML reported (`NVIDIA H100 80GB HBM3`).
+    pub product_name: Option<String>,
+    /// On a GPU host: the CUDA compute capability it reported (`9.0`), if it did.
+    pub compute_capability: Option<String>,
     pub cuda_uuid: String,
     /// In service: not drained and, on a GPU host, reported healthy by a host that is up.
     pub healthy: bool,
@@ -280,6 +287,7 @@ impl Store {
                             id,
                             host: String::new(),
                             cuda_uuid: String::new(),
+                            gpu_type: String::new(),
                         })
                     })
                     .collect(),
@@ -293,7 +301,8 @@ impl Store {
 
     async fn gpu_hosts(&self) -> Result<HashMap<String, LeasedGpu>, StoreError> {
         let rows = sqlx::query!(
-            "SELECT g.id, m.host, g.cuda_uuid FROM gpus g JOIN machines m ON m.id = g.machine_id"
+            "SELECT g.id, m.host, g.cuda_uuid, g.gpu_type FROM gpus g
+             JOIN machines m ON m.id = g.machine_id"
         )
         .fetch_all(&self.pool)
         .await?;
@@ -304,6 +313,7 @@ impl Store {
                     id: row.id.clone(),
                     host: row.host,
                     cuda_uuid: row.cuda_uuid,
+                    gpu_type: row.gpu_type,
                 };
                 (row.id, gpu)
             })
@@ -627,6 +637,7 @@ impl Store {
     pub async fn cluster(&self, viewer: Caller) -> Result<Vec<GpuView>, StoreError> {
         let rows = sqlx::query!(
             r#"SELECT g.id, g.machine_id, m.rack, m.host, g.slot, g.gpu_type, g.cuda_uuid,
+                      w.name AS "product_name?", w.compute_capability AS "compute_capability?",
                       g.healthy AND coalesce(w.healthy AND w.reported, true)
                           AND coalesce(h.status = 'up', true) AS "healthy!",
                       l.id AS "lease_id?", l.app_id AS "app_id?",
@@ -653,6 +664,8 @@ impl Store {
                     host: row.host,
                     slot: row.slot,
                     gpu_type: row.gpu_type,
+                    product_name: row.product_name,
+                    compute_capability: row.compute_capability,
                     cuda_uuid: row.cuda_uuid,
                     healthy: row.healthy,
                     lease_id: row.lease_id.filter(|_| visible),

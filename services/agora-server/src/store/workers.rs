@@ -34,7 +34,12 @@ pub struct HostRecord {
 #[derive(Debug, Clone)]
 pub struct WorkerGpuRecord {
     pub uuid: String,
+    /// NVML's product name, as reported.
     pub name: String,
+    /// The engine's GPU type, which the product name maps to.
+    pub gpu_type: String,
+    /// `major.minor`, when the worker reported it.
+    pub compute_capability: Option<String>,
     pub memory_total_bytes: u64,
     pub pci_bus_id: String,
     pub nvml_index: u32,
@@ -195,25 +200,27 @@ async fn write_registration(
             gpu.uuid,
             host.machine,
             gpu.slot,
-            gpu.name
+            gpu.gpu_type
         )
         .execute(&mut **tx)
         .await?;
         sqlx::query!(
             "INSERT INTO worker_gpus (gpu_id, machine_id, name, memory_total_bytes, pci_bus_id,
-                                      nvml_index, host_slot)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
+                                      nvml_index, host_slot, compute_capability)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
              ON CONFLICT (gpu_id) DO UPDATE
              SET name = excluded.name, memory_total_bytes = excluded.memory_total_bytes,
                  pci_bus_id = excluded.pci_bus_id, nvml_index = excluded.nvml_index,
-                 host_slot = excluded.host_slot, reported = true",
+                 host_slot = excluded.host_slot, compute_capability = excluded.compute_capability,
+                 reported = true",
             gpu.uuid,
             host.machine,
             gpu.name,
             gpu.memory_total_bytes as i64,
             gpu.pci_bus_id,
             gpu.nvml_index as i32,
-            gpu.host_slot as i32
+            gpu.host_slot as i32,
+            gpu.compute_capability
         )
         .execute(&mut **tx)
         .await?;

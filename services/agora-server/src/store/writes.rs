@@ -178,6 +178,15 @@ pub struct ProgressSample {
     pub observed: Option<(String, f64)>,
 }
 
+/// A framework's throughput measurement, and the app's table after it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThroughputSample {
+    pub app: i64,
+    pub gpu_type: String,
+    pub speed: f64,
+    pub throughput: Value,
+}
+
 /// An operator's drain or restore of a GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperatorAction {
@@ -202,6 +211,7 @@ pub struct Commit {
     pub notices: Vec<(i64, String)>,
     pub app_states: Vec<(i64, Value)>,
     pub progress: Vec<ProgressSample>,
+    pub throughput_reports: Vec<ThroughputSample>,
     pub finished_apps: Vec<i64>,
     /// Apps that joined the market, with the arrival it counts them from (their registration
     /// was stored a moment before, with the time it was asked for).
@@ -624,6 +634,19 @@ async fn write_app_changes(
             .await?;
     }
     write_progress(tx, &commit.progress, now).await?;
+    for report in &commit.throughput_reports {
+        sqlx::query!(
+            "INSERT INTO throughput_reports (app_id, reported_at, gpu_type, speed, throughput)
+             VALUES ($1, $2, $3, $4, $5)",
+            report.app,
+            to_datetime(now),
+            report.gpu_type,
+            report.speed,
+            report.throughput
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
     for app in &commit.finished_apps {
         sqlx::query!(
             "UPDATE apps SET finished_at = $2 WHERE id = $1 AND finished_at IS NULL",
