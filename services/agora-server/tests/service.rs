@@ -1025,6 +1025,12 @@ async fn bad_input_is_a_precise_4xx_naming_the_field_and_never_database_text() {
     let halving = json!({ "name": "grows", "app": { "kind": "successive_halving",
         "budget_gpu_seconds": 100.0, "phase_iterations": [10, 10, 10], "jobs_per_phase": [4, 8, 1],
         "jobs": (0..8).map(|index| job(&format!("j{index}"))["job"].clone()).collect::<Vec<_>>() } });
+    let adapting = |seconds: f64| {
+        let mut app = curve("adapting", "j0");
+        app["app"]["jobs"][0]["job"]["speed_changes"] =
+            json!([{ "at_iteration": 50, "serial_iteration_time": seconds }]);
+        app
+    };
     // (method, path, token, body, status, code, what the detail names)
     type Case<'a> = (
         &'a str,
@@ -1107,6 +1113,15 @@ async fn bad_input_is_a_precise_4xx_naming_the_field_and_never_database_text() {
             422,
             "invalid_app",
             "jobs_per_phase",
+        ),
+        (
+            "POST",
+            "/v1/apps".into(),
+            &vision,
+            Some(adapting(-1.0)),
+            422,
+            "invalid_app",
+            "speed_changes[0].serial_iteration_time",
         ),
         (
             "POST",

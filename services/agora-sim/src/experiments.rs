@@ -735,12 +735,17 @@ fn heterogeneous(out: &mut Output, scale: ExperimentScale) -> Result<String, Exp
 }
 
 /// Shockwave's setting (NSDI'23 §6): the same arrivals with every job static, and with half
-/// the apps scaling their batch size as they train (`generate::make_dynamic`), on the 256-GPU
-/// cluster, both workloads; every policy, plus Themis told only each phase's speed as it
-/// comes (`SpeedChangeReporting::Reactive`).
+/// the apps scaling their batch size as they train (`generate::make_dynamic`), both
+/// workloads, on the 256-GPU cluster scaled to a quarter (4x contention: at the trace's load
+/// the whole cluster leaves every app at rho 1); every policy, plus Themis told only each
+/// phase's speed as it comes (`SpeedChangeReporting::Reactive`).
 fn adaptation(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
     const DYNAMIC_FRACTION: f64 = 0.5;
-    let cluster = cluster_256()?;
+    const CLUSTER_FRACTION: f64 = 0.25;
+    let cluster = Cluster::from_spec(&clusters::scale_cluster(
+        &cluster_256_spec()?,
+        CLUSTER_FRACTION,
+    )?)?;
     let mut points = Vec::new();
     for (name, generator) in [
         ("workload1", generate::workload1 as generate::Generator),
@@ -807,7 +812,7 @@ fn adaptation(out: &mut Output, scale: ExperimentScale) -> Result<String, Experi
         let max_rho: Vec<f64> = at.iter().map(|(_, r)| r.summary.max_rho).collect();
         out.bars(
             &format!("adaptation-{}-max-rho.svg", point.replace(' ', "-")),
-            &format!("max rho per policy, {point} jobs, 256 GPUs"),
+            &format!("max rho per policy, {point} jobs, {} GPUs", cluster.len()),
             "max rho",
             &categories,
             &[("max rho".to_owned(), max_rho)],
