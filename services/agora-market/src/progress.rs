@@ -167,6 +167,7 @@ mod tests {
             kind: AppKind::SingleJob {
                 job: job("j", total),
                 throughput: Default::default(),
+                sensitivity: Default::default(),
             },
         }
     }
@@ -234,6 +235,7 @@ mod tests {
                 current_phase: 0,
                 jobs: vec![job("a", 30), job("b", 30)],
                 throughput: Default::default(),
+                sensitivity: Default::default(),
             }),
         };
         app.apply_progress(&[report("a", 10)]).expect("valid");
@@ -267,6 +269,7 @@ mod tests {
                 current_phase: 0,
                 jobs: vec![job("a", 9), job("b", 9)],
                 throughput: Default::default(),
+                sensitivity: Default::default(),
             }),
         };
         app.apply_progress(&[report("a", 5)]).expect("valid");

@@ -872,12 +872,8 @@ pub fn liar_cluster_spec() -> ClusterSpec {
         gpus,
         gpu_type: "gpu".to_owned(),
     };
-    let big = MachineSpec {
-        slots: vec![slot(2); 4],
-    };
-    let small = MachineSpec {
-        slots: vec![slot(2)],
-    };
+    let big = MachineSpec::new(vec![slot(2); 4]);
+    let small = MachineSpec::new(vec![slot(2)]);
     let racks = (0..4)
         .map(|rack| {
             let mut machines = vec![small.clone(); 7];
@@ -914,6 +910,7 @@ pub fn liar_workload(scale: ExperimentScale) -> Workload {
                             stopped: false,
                         },
                         throughput: Default::default(),
+                        sensitivity: Default::default(),
                     },
                 },
                 job_quality: Default::default(),

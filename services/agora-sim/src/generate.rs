@@ -296,11 +296,13 @@ fn workload1_app(
         AppKind::SingleJob {
             job,
             throughput: Default::default(),
+            sensitivity: Default::default(),
         }
     } else {
         AppKind::PerformanceCurve(PerformanceCurve {
             jobs,
             throughput: Default::default(),
+            sensitivity: Default::default(),
         })
     };
     (kind, quality)
@@ -358,6 +360,7 @@ fn workload2_app(
         current_phase: 0,
         jobs,
         throughput: Default::default(),
+        sensitivity: Default::default(),
     };
     (AppKind::SuccessiveHalving(search), quality)
 }

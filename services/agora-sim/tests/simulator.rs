@@ -46,6 +46,7 @@ fn single(id: &str, iterations: u64, max_gpus: u32) -> App {
         kind: AppKind::SingleJob {
             job: job(&format!("{id}-job"), iterations, 1.0, max_gpus),
             throughput: Default::default(),
+            sensitivity: Default::default(),
         },
     }
 }
@@ -168,6 +169,7 @@ fn successive_halving_keeps_the_better_half() {
         current_phase: 0,
         jobs,
         throughput: Default::default(),
+        sensitivity: Default::default(),
     };
     let mut entry = arriving(
         0.0,
@@ -204,6 +206,7 @@ fn performance_curve_jobs_stop_at_their_prediction() {
             },
         ],
         throughput: Default::default(),
+        sensitivity: Default::default(),
     };
     let entry = arriving(
         0.0,
@@ -361,6 +364,7 @@ fn skewed_curve(seed: u64) -> WorkloadApp {
             kind: AppKind::PerformanceCurve(PerformanceCurve {
                 jobs,
                 throughput: Default::default(),
+                sensitivity: Default::default(),
             }),
         },
     )

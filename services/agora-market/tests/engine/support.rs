@@ -26,6 +26,7 @@ pub fn single_job_app(id: &str, max_gpus: u32, iterations: u64, serial_seconds: 
                 stopped: false,
             },
             throughput: Default::default(),
+            sensitivity: Default::default(),
         },
     }
 }
