@@ -392,13 +392,19 @@ fn sensitive_amounts(
     if flexible.is_empty() {
         return Some(totals);
     }
-    let (best, _) = solve_split(machine, &totals, &flexible, Stage::MostSpeed)?;
-    let (_, least) = solve_split(machine, &totals, &flexible, Stage::LeastResources(best))?;
-    for (one, amounts) in flexible.iter().zip(least) {
-        for (&(resource, ref curve), amount_per_gpu) in one.curves.iter().zip(amounts) {
-            // HiGHS meets bounds to its tolerance; the guarantee must hold exactly.
-            let needed = curve.least_amount_for(one.guaranteed);
-            let total = amount_per_gpu.max(needed) * one.gpus;
+    let solved = solve_split(machine, &totals, &flexible)?;
+    for (one, (speed, amounts)) in flexible.iter().zip(solved) {
+        // The least of each resource that gives the program's speed (more would be idle), and
+        // never less than the guarantee needs: HiGHS meets bounds only to its tolerance.
+        let reached = one
+            .curves
+            .iter()
+            .zip(&amounts)
+            .map(|((_, curve), &amount)| curve.at(amount))
+            .fold(speed, f64::min)
+            .max(one.guaranteed);
+        for (resource, curve) in &one.curves {
+            let total = curve.least_amount_for(reached) * one.gpus;
             match resource {
                 Resource::Cpus => totals[one.tenant].cpus = Some(total),
                 Resource::Memory => totals[one.tenant].memory_gib = Some(total),
@@ -412,13 +418,6 @@ fn sensitive_amounts(
         })
     });
     fits.then_some(totals)
-}
-
-/// The two programs: the most GPU-weighted speed, then the least resources that reach it.
-#[derive(Debug, Clone, Copy)]
-enum Stage {
-    MostSpeed,
-    LeastResources(f64),
 }
 
 /// What the tenants that keep their GPU-proportional amount of `resource` leave of it.
@@ -446,14 +445,13 @@ fn free_for_flexible(
 /// each tenant's amount per GPU of each resource is a convex combination of its curve's points
 /// (of adjacent points only, by binaries, where the curve is not concave), its speed at most
 /// each curve's value there and at least its guaranteed speed, the machine's free amounts
-/// shared. Returns the GPU-weighted speed and each tenant's amounts per GPU, in its curves'
-/// order.
+/// shared; the objective is the most GPU-weighted speed. Returns each tenant's speed and its
+/// amounts per GPU, in its curves' order.
 fn solve_split(
     machine: &MachineResources,
     totals: &[MachineResources],
     flexible: &[Flexible],
-    stage: Stage,
-) -> Option<(f64, Vec<Vec<f64>>)> {
+) -> Option<Vec<(f64, Vec<f64>)>> {
     let mut problem = RowProblem::default();
     let mut use_of: Vec<(Resource, Vec<(Col, f64)>)> = RESOURCES
         .into_iter()
@@ -463,25 +461,15 @@ fn solve_split(
     let mut speeds = Vec::with_capacity(flexible.len());
     let mut amounts: Vec<Vec<Vec<(Col, f64)>>> = Vec::with_capacity(flexible.len());
     for one in flexible {
-        let gain = match stage {
-            Stage::MostSpeed => one.gpus,
-            Stage::LeastResources(_) => 0.0,
-        };
-        let speed = problem.add_column(gain, one.guaranteed..);
-        speeds.push((speed, one.gpus));
+        let speed = problem.add_column(one.gpus, one.guaranteed..);
+        speeds.push(speed);
         let mut tenant_amounts = Vec::with_capacity(one.curves.len());
         for (resource, curve) in &one.curves {
             let capacity = machine.amount(*resource).unwrap_or(0.0);
             let points = curve.up_to(capacity / one.gpus);
-            // The second program prefers the least of each resource, as a fraction of the
-            // machine, so that two resources weigh alike.
-            let cost = match stage {
-                Stage::MostSpeed => 0.0,
-                Stage::LeastResources(_) => one.gpus / capacity,
-            };
             let weights: Vec<(Col, f64)> = points
                 .iter()
-                .map(|&(amount, _)| (problem.add_column(cost * amount, 0.0..=1.0), amount))
+                .map(|&(amount, _)| (problem.add_column(0.0, 0.0..=1.0), amount))
                 .collect();
             problem.add_row(1.0..=1.0, weights.iter().map(|&(weight, _)| (weight, 1.0)));
             let mut below_curve = vec![(speed, 1.0)];
@@ -503,14 +491,7 @@ fn solve_split(
         let free = free_for_flexible(machine, totals, flexible, *resource);
         problem.add_row(..=free, row.iter().copied());
     }
-    let sense = match stage {
-        Stage::MostSpeed => Sense::Maximise,
-        Stage::LeastResources(best) => {
-            problem.add_row(best - 1e-9 * best.max(1.0).., speeds.iter().copied());
-            Sense::Minimise
-        }
-    };
-    let mut model = problem.try_optimise(sense).ok()?;
+    let mut model = problem.try_optimise(Sense::Maximise).ok()?;
     model.make_quiet();
     model.set_threads(NonZeroU32::MIN);
     model.set_option("primal_feasibility_tolerance", 1e-9);
@@ -522,17 +503,19 @@ fn solve_split(
     }
     let solution = solved.get_solution();
     let value = |column: Col| solution[column];
-    let weighted_speed = speeds.iter().map(|&(speed, gpus)| value(speed) * gpus).sum();
-    let per_gpu = amounts
-        .iter()
-        .map(|tenant| {
-            tenant
-                .iter()
-                .map(|weights| weights.iter().map(|&(weight, amount)| value(weight).max(0.0) * amount).sum())
-                .collect()
-        })
-        .collect();
-    Some((weighted_speed, per_gpu))
+    let amount_of = |weights: &Vec<(Col, f64)>| -> f64 {
+        weights
+            .iter()
+            .map(|&(weight, amount)| value(weight).max(0.0) * amount)
+            .sum()
+    };
+    Some(
+        speeds
+            .iter()
+            .zip(&amounts)
+            .map(|(&speed, tenant)| (value(speed), tenant.iter().map(amount_of).collect()))
+            .collect(),
+    )
 }
 
 /// SOS2 by binaries: one segment is chosen, and only its two end points may carry weight.
