@@ -243,8 +243,13 @@ impl MachineEntry {
         if self.cpus == Some(0) {
             return Err(format!("{name}.cpus must be at least 1, got 0"));
         }
-        if let Some(memory) = self.memory_gib.filter(|memory| !(memory.is_finite() && *memory > 0.0)) {
-            return Err(format!("{name}.memory_gib must be a finite number of GiB > 0, got {memory}"));
+        if let Some(memory) = self
+            .memory_gib
+            .filter(|memory| !(memory.is_finite() && *memory > 0.0))
+        {
+            return Err(format!(
+                "{name}.memory_gib must be a finite number of GiB > 0, got {memory}"
+            ));
         }
         Ok(MachineSpec {
             slots,

@@ -255,7 +255,8 @@ impl Curve {
     /// The curve's points up to `cap`, the curve's value at `cap` last: what the program may
     /// choose between.
     fn up_to(&self, cap: f64) -> Vec<(f64, f64)> {
-        let mut points: Vec<(f64, f64)> = self.0.iter().copied().filter(|&(x, _)| x < cap).collect();
+        let mut points: Vec<(f64, f64)> =
+            self.0.iter().copied().filter(|&(x, _)| x < cap).collect();
         points.push((cap, self.at(cap)));
         points
     }
@@ -281,7 +282,11 @@ pub struct Share {
 }
 
 /// `gpus` GPUs' fraction of `machine` (of `machine_gpus` GPUs).
-fn proportional_share(machine: &MachineResources, machine_gpus: u32, gpus: u32) -> MachineResources {
+fn proportional_share(
+    machine: &MachineResources,
+    machine_gpus: u32,
+    gpus: u32,
+) -> MachineResources {
     let fraction = f64::from(gpus) / f64::from(machine_gpus.max(1));
     MachineResources {
         cpus: machine.cpus.map(|cpus| cpus * fraction),
@@ -384,7 +389,9 @@ fn sensitive_amounts(
             (!curves.is_empty()).then(|| Flexible {
                 tenant: index,
                 gpus: f64::from(tenant.gpus),
-                guaranteed: tenant.sensitivity.speed_with(per_gpu.cpus, per_gpu.memory_gib),
+                guaranteed: tenant
+                    .sensitivity
+                    .speed_with(per_gpu.cpus, per_gpu.memory_gib),
                 curves,
             })
         })
@@ -413,7 +420,10 @@ fn sensitive_amounts(
     }
     let fits = RESOURCES.iter().all(|&resource| {
         machine.amount(resource).is_none_or(|capacity| {
-            totals.iter().filter_map(|total| total.amount(resource)).sum::<f64>()
+            totals
+                .iter()
+                .filter_map(|total| total.amount(resource))
+                .sum::<f64>()
                 <= capacity * (1.0 + 1e-9)
         })
     });
@@ -432,9 +442,9 @@ fn free_for_flexible(
         .iter()
         .enumerate()
         .filter(|(index, _)| {
-            !flexible.iter().any(|one| {
-                one.tenant == *index && one.curves.iter().any(|(r, _)| *r == resource)
-            })
+            !flexible
+                .iter()
+                .any(|one| one.tenant == *index && one.curves.iter().any(|(r, _)| *r == resource))
         })
         .filter_map(|(_, total)| total.amount(resource))
         .sum();
@@ -473,7 +483,12 @@ fn solve_split(
                 .collect();
             problem.add_row(1.0..=1.0, weights.iter().map(|&(weight, _)| (weight, 1.0)));
             let mut below_curve = vec![(speed, 1.0)];
-            below_curve.extend(weights.iter().zip(&points).map(|(&(weight, _), &(_, value))| (weight, -value)));
+            below_curve.extend(
+                weights
+                    .iter()
+                    .zip(&points)
+                    .map(|(&(weight, _), &(_, value))| (weight, -value)),
+            );
             problem.add_row(..=0.0, below_curve);
             if !is_concave(&points) {
                 adjacent_points_only(&mut problem, &weights);
@@ -482,7 +497,11 @@ fn solve_split(
                 .iter_mut()
                 .find(|(modelled, _)| modelled == resource)
                 .map(|(_, row)| row)?;
-            row.extend(weights.iter().map(|&(weight, amount)| (weight, amount * one.gpus)));
+            row.extend(
+                weights
+                    .iter()
+                    .map(|&(weight, amount)| (weight, amount * one.gpus)),
+            );
             tenant_amounts.push(weights);
         }
         amounts.push(tenant_amounts);
@@ -594,7 +613,12 @@ impl<K: Ord + Clone> ResourceSplit<K> {
                         .map(|&(_, gpus, sensitivity)| Tenant { gpus, sensitivity })
                         .collect();
                     MachineSplit {
-                        shares: split_machine(&machine.resources, machine.gpus, &holders, allocation),
+                        shares: split_machine(
+                            &machine.resources,
+                            machine.gpus,
+                            &holders,
+                            allocation,
+                        ),
                         tenants,
                     }
                 });
@@ -607,7 +631,10 @@ impl<K: Ord + Clone> ResourceSplit<K> {
     /// What `key` got on `machine`, if it holds GPUs there.
     pub fn share(&self, key: &K, machine: u32) -> Option<Share> {
         let split = self.machines.get(&machine)?;
-        let position = split.tenants.iter().position(|(tenant, ..)| tenant == key)?;
+        let position = split
+            .tenants
+            .iter()
+            .position(|(tenant, ..)| tenant == key)?;
         Some(split.shares[position])
     }
 

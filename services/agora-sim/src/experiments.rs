@@ -1137,8 +1137,14 @@ fn synergy(out: &mut Output, scale: ExperimentScale) -> Result<String, Experimen
     out.csv("synergy.csv", &csv)?;
     let per_load = SYNERGY_POLICIES.len() * SYNERGY_ALLOCATIONS.len();
     for (column, label, value) in [
-        ("mean_jct", "mean JCT (hours)", (|s: &RunSummary| s.mean_completion_seconds / 3600.0) as fn(&RunSummary) -> f64),
-        ("makespan", "makespan (hours)", |s: &RunSummary| s.makespan_seconds / 3600.0),
+        (
+            "mean_jct",
+            "mean JCT (hours)",
+            (|s: &RunSummary| s.mean_completion_seconds / 3600.0) as fn(&RunSummary) -> f64,
+        ),
+        ("makespan", "makespan (hours)", |s: &RunSummary| {
+            s.makespan_seconds / 3600.0
+        }),
     ] {
         let series: Vec<Series> = (0..per_load)
             .map(|k| {
@@ -1149,7 +1155,7 @@ fn synergy(out: &mut Output, scale: ExperimentScale) -> Result<String, Experimen
                     .collect();
                 let policy = SYNERGY_POLICIES[k / SYNERGY_ALLOCATIONS.len()];
                 let (_, allocation) = SYNERGY_ALLOCATIONS[k % SYNERGY_ALLOCATIONS.len()];
-                Series::new(&format!("{policy} {allocation}"), points)
+                Series::new(format!("{policy} {allocation}"), points)
             })
             .collect();
         out.lines(

@@ -418,21 +418,6 @@ fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn budget_split_reproduces_the_papers_example() {
-        assert_eq!(split_budget(10_000.0, &[4, 2, 1], 100.0), vec![8, 16, 36]);
-    }
-
-    #[test]
-    fn tiny_budgets_still_get_an_iteration_per_phase() {
-        assert_eq!(split_budget(1.0, &[4, 2, 1], 100.0), vec![1, 1, 1]);
-    }
-}
-
 /// Synergy's production-derived trace (OSDI'22 §5.1), as single-job apps: the model by its
 /// workload split (image, language, speech: 20/70/10%), GPUs per job from the Philly shares
 /// [`SYNERGY_GPU_DEMAND`], a duration at the GPU-proportional share of 10^x minutes with x
@@ -496,7 +481,8 @@ pub const SYNERGY_MODELS: [(&str, f64); 6] = [
 
 /// GPUs per job (Synergy's multi-GPU trace takes them from Philly, up to 16): our rounding of
 /// the Philly shares Jeon et al. report (most jobs use one GPU).
-pub const SYNERGY_GPU_DEMAND: [(u32, f64); 5] = [(1, 0.7), (2, 0.1), (4, 0.1), (8, 0.08), (16, 0.02)];
+pub const SYNERGY_GPU_DEMAND: [(u32, f64); 5] =
+    [(1, 0.7), (2, 0.1), (4, 0.1), (8, 0.08), (16, 0.02)];
 
 /// Draws from a table of (value, probability) whose probabilities add up to 1.
 fn pick<T: Copy>(rng: &mut ChaCha8Rng, table: &[(T, f64)]) -> T {
@@ -508,4 +494,19 @@ fn pick<T: Copy>(rng: &mut ChaCha8Rng, table: &[(T, f64)]) -> T {
         draw -= probability;
     }
     table[table.len() - 1].0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_split_reproduces_the_papers_example() {
+        assert_eq!(split_budget(10_000.0, &[4, 2, 1], 100.0), vec![8, 16, 36]);
+    }
+
+    #[test]
+    fn tiny_budgets_still_get_an_iteration_per_phase() {
+        assert_eq!(split_budget(1.0, &[4, 2, 1], 100.0), vec![1, 1, 1]);
+    }
 }

@@ -177,7 +177,9 @@ pub fn resource_profile_of(model: &str) -> ResourceProfile {
             &[[1.0, 0.4], [3.0, 1.0], [6.0, 1.8], [9.0, 2.3]],
             DATA_HUNGRY_MEMORY,
         ),
-        Some("bi-att-flow" | "langmodel" | "gnmt" | "transformer") => (&[[1.0, 1.0]], &[[20.0, 1.0]]),
+        Some("bi-att-flow" | "langmodel" | "gnmt" | "transformer") => {
+            (&[[1.0, 1.0]], &[[20.0, 1.0]])
+        }
         _ => (
             &[[1.0, 0.5], [3.0, 1.0], [6.0, 1.4], [9.0, 1.5]],
             DATA_HUNGRY_MEMORY,

@@ -40,7 +40,7 @@ fn check(name: &str, csvs: &[(&str, &str)], svgs: &[&str]) -> PathBuf {
 
 #[test]
 fn every_listed_experiment_is_known_and_unknown_names_are_rejected() {
-    assert_eq!(EXPERIMENTS.len(), 9);
+    assert_eq!(EXPERIMENTS.len(), 10);
     let error = run_experiment("fig99", &out_dir("unknown"), ExperimentScale::tiny())
         .expect_err("not an experiment");
     assert!(error.to_string().contains("fig18-liar"), "{error}");
@@ -213,4 +213,18 @@ fn heterogeneous() {
         read(&dir, "heterogeneous-gavel108.csv").lines().count(),
         1 + 4 * 9
     );
+}
+
+#[test]
+fn synergy() {
+    let dir = check(
+        "synergy",
+        &[(
+            "synergy.csv",
+            "jobs_per_hour,policy,allocation,unfinished_apps,mean_jct_hours,makespan_hours,max_rho",
+        )],
+        &["synergy-mean_jct.svg", "synergy-makespan.svg"],
+    );
+    // Three loads, two policies, two allocations.
+    assert_eq!(read(&dir, "synergy.csv").lines().count(), 1 + 3 * 2 * 2);
 }

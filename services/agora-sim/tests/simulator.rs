@@ -616,11 +616,16 @@ fn report_digests(case: &str, policy: &str, cluster: &Cluster, workload: &Worklo
 #[test]
 fn mixed_cluster_reports_are_unchanged() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cluster = clusters::load_cluster(clusters::shipped::path("gavel-108.toml")).expect("shipped");
+    let cluster =
+        clusters::load_cluster(clusters::shipped::path("gavel-108.toml")).expect("shipped");
     let example =
         agora_sim::trace::load_workload_json(root.join("workloads/example.json")).expect("shipped");
-    let expected = std::fs::read_to_string(root.join("tests/mixed-digests.txt")).expect("checked in");
-    let lines: Vec<&str> = expected.lines().filter(|line| !line.starts_with('#')).collect();
+    let expected =
+        std::fs::read_to_string(root.join("tests/mixed-digests.txt")).expect("checked in");
+    let lines: Vec<&str> = expected
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .collect();
     assert_eq!(lines.len(), Policy::ALL.len(), "one line per policy");
     for (line, policy) in lines.into_iter().zip(Policy::ALL) {
         let actual = report_digests("example-gavel-108", policy.name(), &cluster, &example);
@@ -677,7 +682,10 @@ fn jobs_run_at_the_speed_of_their_cpu_share() {
                 .completion_seconds
         };
         // Milestones are handled a millisecond after they fall due.
-        assert!((completion("hungry") - hungry_seconds).abs() < 0.01, "{allocation:?}");
+        assert!(
+            (completion("hungry") - hungry_seconds).abs() < 0.01,
+            "{allocation:?}"
+        );
         assert!((completion("light") - 500.0).abs() < 0.01, "{allocation:?}");
     }
 }

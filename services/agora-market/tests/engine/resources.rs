@@ -76,7 +76,10 @@ fn two_apps_share_one_machines_cpus_hand_checked() {
     let expected = [share(10.0, 5.0 / 3.0), share(2.0, 1.0)];
     for (got, want) in aware.iter().zip(expected) {
         assert!(
-            close(got.cpus.unwrap(), want.cpus.unwrap()) && close(got.speed, want.speed),
+            got.cpus
+                .zip(want.cpus)
+                .is_some_and(|(got, want)| close(got, want))
+                && close(got.speed, want.speed),
             "{aware:?}"
         );
     }
@@ -133,17 +136,26 @@ fn bad_profiles_are_refused_naming_the_field() {
         cpus_per_gpu: vec![[-1.0, 1.0]],
         memory_gib_per_gpu: Vec::new(),
     });
-    assert!(negative.contains("sensitivity.cpus_per_gpu[0]"), "{negative}");
+    assert!(
+        negative.contains("sensitivity.cpus_per_gpu[0]"),
+        "{negative}"
+    );
     let not_a_number = refusal(Sensitivity {
         cpus_per_gpu: vec![[1.0, 1.0], [2.0, f64::NAN]],
         memory_gib_per_gpu: Vec::new(),
     });
-    assert!(not_a_number.contains("sensitivity.cpus_per_gpu[1]"), "{not_a_number}");
+    assert!(
+        not_a_number.contains("sensitivity.cpus_per_gpu[1]"),
+        "{not_a_number}"
+    );
     let falling = refusal(Sensitivity {
         cpus_per_gpu: Vec::new(),
         memory_gib_per_gpu: vec![[10.0, 2.0], [20.0, 1.0]],
     });
-    assert!(falling.contains("sensitivity.memory_gib_per_gpu[1]"), "{falling}");
+    assert!(
+        falling.contains("sensitivity.memory_gib_per_gpu[1]"),
+        "{falling}"
+    );
 
     let cluster = parse_cluster(
         "racks = [{ machines = [{ slots = 1, gpus_per_slot = 4, gpu_type = \"v100\", memory_gib = 500 }] }]",
@@ -159,8 +171,14 @@ fn bad_profiles_are_refused_naming_the_field() {
     let Err(MarketError::Throughput(_, reason)) = market.add_app(greedy, Timestamp(0)) else {
         panic!("an app asking more memory than any machine has must be refused");
     };
-    assert!(reason.contains("sensitivity.memory_gib_per_gpu[1]"), "{reason}");
-    assert!(reason.contains("more than any machine has (500)"), "{reason}");
+    assert!(
+        reason.contains("sensitivity.memory_gib_per_gpu[1]"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("more than any machine has (500)"),
+        "{reason}"
+    );
 }
 
 #[test]
@@ -168,8 +186,8 @@ fn cluster_files_give_cpus_and_memory_or_a_clear_error() {
     let file = |machine: &str| {
         format!("racks = [{{ machines = [{{ slots = 2, gpus_per_slot = 4, gpu_type = \"v100\"{machine} }}] }}]")
     };
-    let cluster = parse_cluster(&file(", cpus = 24, memory_gib = 500"), Path::new("c.toml"))
-        .expect("valid");
+    let cluster =
+        parse_cluster(&file(", cpus = 24, memory_gib = 500"), Path::new("c.toml")).expect("valid");
     assert_eq!(
         cluster.machine_resources(0),
         MachineResources {
@@ -181,9 +199,12 @@ fn cluster_files_give_cpus_and_memory_or_a_clear_error() {
     assert!(!plain.models_resources());
     let zero = parse_cluster(&file(", cpus = 0"), Path::new("c.toml")).expect_err("refused");
     assert!(zero.to_string().contains("machines[0].cpus"), "{zero}");
-    let negative = parse_cluster(&file(", memory_gib = -1.0"), Path::new("c.toml"))
-        .expect_err("refused");
-    assert!(negative.to_string().contains("machines[0].memory_gib"), "{negative}");
+    let negative =
+        parse_cluster(&file(", memory_gib = -1.0"), Path::new("c.toml")).expect_err("refused");
+    assert!(
+        negative.to_string().contains("machines[0].memory_gib"),
+        "{negative}"
+    );
 }
 
 /// A monotone curve of up to four points (maybe not concave), or none.
@@ -204,7 +225,10 @@ fn curve() -> impl Strategy<Value = Vec<[f64; 2]>> {
 fn profile() -> impl Strategy<Value = Sensitivity> {
     (curve(), curve()).prop_map(|(cpus, memory)| Sensitivity {
         cpus_per_gpu: cpus,
-        memory_gib_per_gpu: memory.into_iter().map(|[gib, speed]| [gib * 16.0, speed]).collect(),
+        memory_gib_per_gpu: memory
+            .into_iter()
+            .map(|[gib, speed]| [gib * 16.0, speed])
+            .collect(),
     })
 }
 
@@ -233,11 +257,7 @@ fn instance() -> impl Strategy<Value = (MachineResources, u32, Vec<(u32, Sensiti
     )
 }
 
-fn split(
-    machine: &MachineResources,
-    gpus: u32,
-    tenants: &[(u32, Sensitivity)],
-) -> Vec<Share> {
+fn split(machine: &MachineResources, gpus: u32, tenants: &[(u32, Sensitivity)]) -> Vec<Share> {
     let tenants: Vec<Tenant> = tenants
         .iter()
         .map(|(gpus, sensitivity)| Tenant {
@@ -245,7 +265,12 @@ fn split(
             sensitivity,
         })
         .collect();
-    split_machine(machine, gpus, &tenants, ResourceAllocation::SensitivityAware)
+    split_machine(
+        machine,
+        gpus,
+        &tenants,
+        ResourceAllocation::SensitivityAware,
+    )
 }
 
 proptest! {
@@ -263,7 +288,7 @@ proptest! {
             prop_assert!(share.speed >= guaranteed * (1.0 - 1e-9), "{share:?} below {guaranteed}");
         }
         let cpus: f64 = shares.iter().filter_map(|share| share.cpus).sum();
-        prop_assert!(cpus <= machine.cpus.unwrap() * (1.0 + 1e-9), "{cpus} CPUs given");
+        prop_assert!(cpus <= machine.cpus.unwrap_or_default() * (1.0 + 1e-9), "{cpus} CPUs given");
         if let Some(memory) = machine.memory_gib {
             let given: f64 = shares.iter().filter_map(|share| share.memory_gib).sum();
             prop_assert!(given <= memory * (1.0 + 1e-9), "{given} GiB given");
