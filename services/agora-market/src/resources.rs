@@ -637,15 +637,86 @@ impl<K: Ord + Clone> ResourceSplit<K> {
             .position(|(tenant, ..)| tenant == key)?;
         Some(split.shares[position])
     }
+}
 
-    /// Every share, by machine then tenant.
-    pub fn shares(&self) -> impl Iterator<Item = (u32, &K, &Share)> {
-        self.machines.iter().flat_map(|(&machine, split)| {
-            split
-                .tenants
-                .iter()
-                .zip(&split.shares)
-                .map(move |((key, ..), share)| (machine, key, share))
-        })
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curves_interpolate_start_at_zero_and_stay_flat() {
+        let curve = Curve::new(&[[2.0, 1.0], [4.0, 3.0]]);
+        assert_eq!(curve.at(0.0), 0.0);
+        assert_eq!(curve.at(1.0), 0.5);
+        assert_eq!(curve.at(3.0), 2.0);
+        assert_eq!(curve.at(9.0), 3.0);
+        assert_eq!(curve.least_amount_for(2.0), 3.0);
+        assert_eq!(curve.least_amount_for(5.0), 4.0);
+        let from_zero = Curve::new(&[[0.0, 0.5], [10.0, 1.0]]);
+        assert_eq!(from_zero.at(0.0), 0.5);
+        assert_eq!(from_zero.least_amount_for(0.2), 0.0);
+    }
+
+    #[test]
+    fn concavity_decides_whether_binaries_are_needed() {
+        // (0, 0), (2, 1), (4, 3): the slope rises, so not concave.
+        assert!(!is_concave(&Curve::new(&[[2.0, 1.0], [4.0, 3.0]]).0));
+        assert!(is_concave(
+            &Curve::new(&[[3.0, 1.0], [6.0, 2.0], [9.0, 2.5]]).0
+        ));
+    }
+
+    #[test]
+    fn the_speed_is_the_slower_curve_and_unmodelled_resources_do_not_count() {
+        let profile = Sensitivity {
+            cpus_per_gpu: vec![[3.0, 1.0], [6.0, 2.0]],
+            memory_gib_per_gpu: vec![[50.0, 1.5]],
+        };
+        assert_eq!(profile.speed_with(Some(6.0), Some(50.0)), 1.5);
+        assert_eq!(profile.speed_with(Some(6.0), None), 2.0);
+        assert_eq!(profile.speed_with(None, None), 1.0);
+    }
+
+    /// A non-concave curve, (0, 0) -> (2, 0.2) -> (4, 2), on a machine of 2 GPUs and 4 CPUs
+    /// beside a light tenant that needs 1 CPU for its speed 1: the hungry tenant gets the other
+    /// 3 CPUs and runs at 0.2 + 1.8 x 1/2 = 1.1, on the curve (the concave hull would say 1.5).
+    #[test]
+    fn non_concave_curves_are_solved_exactly() {
+        let hungry = Sensitivity {
+            cpus_per_gpu: vec![[2.0, 0.2], [4.0, 2.0]],
+            memory_gib_per_gpu: Vec::new(),
+        };
+        let light = Sensitivity {
+            cpus_per_gpu: vec![[1.0, 1.0]],
+            memory_gib_per_gpu: Vec::new(),
+        };
+        let machine = MachineResources {
+            cpus: Some(4.0),
+            memory_gib: None,
+        };
+        let shares = split_machine(
+            &machine,
+            2,
+            &[
+                Tenant {
+                    gpus: 1,
+                    sensitivity: &hungry,
+                },
+                Tenant {
+                    gpus: 1,
+                    sensitivity: &light,
+                },
+            ],
+            ResourceAllocation::SensitivityAware,
+        );
+        assert!((shares[0].speed - 1.1).abs() < 1e-9, "{shares:?}");
+        assert!(
+            (shares[0].cpus.unwrap_or_default() - 3.0).abs() < 1e-9,
+            "{shares:?}"
+        );
+        assert!(
+            (shares[1].cpus.unwrap_or_default() - 1.0).abs() < 1e-9,
+            "{shares:?}"
+        );
     }
 }

@@ -1080,7 +1080,7 @@ fn sensitivity(out: &mut Output, scale: ExperimentScale) -> Result<String, Exper
 
 /// Jobs per hour of the Synergy experiment's loads (its 128-GPU cluster saturates near 3.4:
 /// the trace's mean job asks about 38 GPU-hours).
-pub const SYNERGY_LOADS: [f64; 3] = [2.0, 3.0, 4.0];
+pub const SYNERGY_LOADS: [f64; 3] = [4.0, 8.0, 12.0];
 /// The policies the Synergy experiment compares, each with both CPU and memory allocations.
 const SYNERGY_POLICIES: [Policy; 2] = [Policy::Themis, Policy::Srtf];
 const SYNERGY_ALLOCATIONS: [(ResourceAllocation, &str); 2] = [
