@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::resources::Sensitivity;
 use crate::throughput::Throughput;
 use crate::topology::Locality;
 
@@ -302,6 +303,9 @@ pub struct SuccessiveHalving {
     /// The search's speed per GPU type (its jobs train one model); empty: the same on all.
     #[serde(default, skip_serializing_if = "Throughput::is_empty")]
     pub throughput: Throughput,
+    /// The search's speed by CPUs and memory per GPU; empty: GPU-proportional CPUs and memory.
+    #[serde(default, skip_serializing_if = "Sensitivity::is_empty")]
+    pub sensitivity: Sensitivity,
 }
 
 impl SuccessiveHalving {
@@ -387,6 +391,9 @@ pub struct PerformanceCurve {
     /// The search's speed per GPU type (its jobs train one model); empty: the same on all.
     #[serde(default, skip_serializing_if = "Throughput::is_empty")]
     pub throughput: Throughput,
+    /// The search's speed by CPUs and memory per GPU; empty: GPU-proportional CPUs and memory.
+    #[serde(default, skip_serializing_if = "Sensitivity::is_empty")]
+    pub sensitivity: Sensitivity,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -445,6 +452,9 @@ pub enum AppKind {
         /// The job's speed per GPU type; empty: the same on all.
         #[serde(default, skip_serializing_if = "Throughput::is_empty")]
         throughput: Throughput,
+        /// The job's speed by CPUs and memory per GPU; empty: GPU-proportional shares.
+        #[serde(default, skip_serializing_if = "Sensitivity::is_empty")]
+        sensitivity: Sensitivity,
     },
     SuccessiveHalving(SuccessiveHalving),
     PerformanceCurve(PerformanceCurve),
@@ -463,7 +473,7 @@ mod app_kind_schema {
     use utoipa::openapi::{Ref, RefOr};
     use utoipa::{PartialSchema, ToSchema};
 
-    use super::{AppKind, Job, PerformanceCurve, SuccessiveHalving, Throughput};
+    use super::{AppKind, Job, PerformanceCurve, Sensitivity, SuccessiveHalving, Throughput};
 
     fn kind(name: &str) -> ObjectBuilder {
         ObjectBuilder::new()
@@ -490,6 +500,7 @@ mod app_kind_schema {
                 .property("kind", kind("single_job"))
                 .property("job", Ref::from_schema_name(Job::name()))
                 .property("throughput", Throughput::schema())
+                .property("sensitivity", Sensitivity::schema())
                 .required("kind")
                 .required("job")
                 .additional_properties(Some(AdditionalProperties::FreeForm(false)));
@@ -589,6 +600,7 @@ impl App {
         }
         // Speeds in type-name order: what the app is, as its numbers are.
         key.extend(self.throughput().0.values());
+        key.extend(self.sensitivity().content_numbers());
         key
     }
 
@@ -598,6 +610,24 @@ impl App {
             AppKind::SingleJob { throughput, .. } => throughput,
             AppKind::SuccessiveHalving(search) => &search.throughput,
             AppKind::PerformanceCurve(search) => &search.throughput,
+        }
+    }
+
+    /// The app's speed by CPUs and memory per GPU (empty: GPU-proportional shares).
+    pub fn sensitivity(&self) -> &Sensitivity {
+        match &self.kind {
+            AppKind::SingleJob { sensitivity, .. } => sensitivity,
+            AppKind::SuccessiveHalving(search) => &search.sensitivity,
+            AppKind::PerformanceCurve(search) => &search.sensitivity,
+        }
+    }
+
+    /// The app's sensitivity profile, to set it.
+    pub fn sensitivity_mut(&mut self) -> &mut Sensitivity {
+        match &mut self.kind {
+            AppKind::SingleJob { sensitivity, .. } => sensitivity,
+            AppKind::SuccessiveHalving(search) => &mut search.sensitivity,
+            AppKind::PerformanceCurve(search) => &mut search.sensitivity,
         }
     }
 
@@ -742,6 +772,7 @@ impl App {
                 .map_err(|reason| format!("job `{}`: {reason}", job.id))?;
         }
         self.throughput().validate()?;
+        self.sensitivity().validate()?;
         if self.running_jobs().is_empty() {
             return Err("has no job left to run".to_owned());
         }
@@ -788,6 +819,7 @@ mod tests {
                 current_phase,
                 jobs: vec![job("a", completed, 2), job("b", completed, 3)],
                 throughput: Default::default(),
+                sensitivity: Default::default(),
             }),
         }
     }
@@ -812,6 +844,7 @@ mod tests {
             kind: AppKind::SingleJob {
                 job: job("j", 100, 4),
                 throughput: Throughput::default(),
+                sensitivity: Default::default(),
             },
         };
         assert_eq!(single.current_demand(), 0, "a finished job wants nothing");
@@ -856,6 +889,7 @@ mod tests {
                 },
             ],
             throughput: Default::default(),
+            sensitivity: Default::default(),
         };
         let remaining: Vec<f64> = curve
             .jobs_remaining(1)

@@ -15,6 +15,8 @@
 //! gpu_type = "V100"         # ... of this type
 //! [[racks.machines]]
 //! slots = [{ gpus = 2, gpu_type = "K80" }, { gpus = 1, gpu_type = "P100" }]  # or a list
+//! cpus = 24                 # optional: CPU cores (absent: CPUs are not modelled)
+//! memory_gib = 500          # optional: memory in GiB (absent: not modelled)
 //! ```
 //!
 //! The engine's plain form is a valid file too:
@@ -78,6 +80,12 @@ pub struct MachineEntry {
     pub gpus_per_slot: Option<u32>,
     #[serde(default)]
     pub gpu_type: Option<String>,
+    /// CPU cores of the machine; absent: not modelled.
+    #[serde(default)]
+    pub cpus: Option<u32>,
+    /// Memory of the machine in GiB; absent: not modelled.
+    #[serde(default)]
+    pub memory_gib: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -232,7 +240,22 @@ impl MachineEntry {
                 slots
             }
         };
-        Ok(MachineSpec { slots })
+        if self.cpus == Some(0) {
+            return Err(format!("{name}.cpus must be at least 1, got 0"));
+        }
+        if let Some(memory) = self
+            .memory_gib
+            .filter(|memory| !(memory.is_finite() && *memory > 0.0))
+        {
+            return Err(format!(
+                "{name}.memory_gib must be a finite number of GiB > 0, got {memory}"
+            ));
+        }
+        Ok(MachineSpec {
+            slots,
+            cpus: self.cpus,
+            memory_gib: self.memory_gib,
+        })
     }
 }
 

@@ -13,6 +13,7 @@ pub enum MarketError {
     InvalidFairnessKnob(f64),
     #[error("app {0} is already in the market")]
     DuplicateApp(AppId),
+    /// The app's throughput table or sensitivity profile does not fit the cluster.
     #[error("app {0}: {1}")]
     Throughput(AppId, String),
     #[error(transparent)]

@@ -563,6 +563,7 @@ mod tests {
                 current_phase: 0,
                 jobs,
                 throughput: Default::default(),
+                sensitivity: Default::default(),
             }),
         };
         // The paper's T_cluster, B / min(R_C, demand) = 10,000 / 16, and no restart pause:
@@ -633,6 +634,7 @@ mod tests {
             kind: AppKind::SingleJob {
                 job: single,
                 throughput: Default::default(),
+                sensitivity: Default::default(),
             },
         };
         let eight = sixteen_gpus();

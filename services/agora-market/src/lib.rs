@@ -24,6 +24,7 @@ pub mod live;
 pub mod market;
 pub mod policy;
 pub mod progress;
+pub mod resources;
 pub mod rho;
 pub mod round;
 pub mod throughput;

@@ -27,6 +27,7 @@ use crate::hosts::{Host, HostDirectory, HostSpec};
 use crate::lease::{Lease, LeaseBook, LeaseId};
 use crate::leftover::{LeftoverPolicy, Recipient};
 use crate::policy::Policy;
+use crate::resources::{MachineTenants, ResourceAllocation, ResourceSplit};
 use crate::rho::RhoOld;
 use crate::round::{
     decide_round, decide_with, merge, offered_subset, Grants, RoundDecision, RoundInputs,
@@ -57,6 +58,10 @@ pub struct MarketConfig {
         default = "default_restart_pause"
     )]
     pub restart_pause: Duration,
+    /// How each machine's CPUs and memory are divided among the apps holding its GPUs, where
+    /// the cluster gives them ([`crate::resources`]).
+    #[serde(default, skip_serializing_if = "ResourceAllocation::is_default")]
+    pub resource_allocation: ResourceAllocation,
 }
 
 fn default_restart_pause() -> Duration {
@@ -72,6 +77,7 @@ impl Default for MarketConfig {
             leftover_policy: LeftoverPolicy::default(),
             policy: Policy::default(),
             restart_pause: default_restart_pause(),
+            resource_allocation: ResourceAllocation::default(),
         }
     }
 }
@@ -149,6 +155,8 @@ pub struct Market {
     /// GPUs whose lease each app held until it expired, since the last round: the app still
     /// stands as if it held them, and may renew onto them.
     claims: BTreeMap<AppId, BTreeSet<GpuIndex>>,
+    /// Each machine's CPUs and memory as divided after the last round, by app.
+    resource_split: Arc<ResourceSplit<AppId>>,
 }
 
 /// The visibility phase of a round: what is offered, and to whom.
@@ -276,6 +284,7 @@ impl Market {
             leases: LeaseBook::new(),
             contention: ContentionTracker::new(now),
             claims: BTreeMap::new(),
+            resource_split: Arc::default(),
         })
     }
 
@@ -321,16 +330,51 @@ impl Market {
         )
     }
 
-    /// `app`'s speed on each GPU of the cluster as it is now.
+    /// `app`'s speed on each GPU of the cluster as it is now: its speed on the GPU's type
+    /// and, where the cluster gives CPUs or memory and the app has a profile, the speed its
+    /// share of the machine gives it: the share it got in the last round on machines where it
+    /// holds GPUs, its GPU-proportional share (its guaranteed speed) elsewhere.
     fn speeds(&self, app: &App) -> GpuSpeeds {
-        GpuSpeeds::of(app.throughput(), &self.cluster)
+        let by_type = GpuSpeeds::of(app.throughput(), &self.cluster);
+        let sensitivity = app.sensitivity();
+        if sensitivity.is_empty() || !self.cluster.models_resources() {
+            return by_type;
+        }
+        let gpus_per_machine = self.cluster.gpus_per_machine();
+        by_type.scaled_per_machine(&self.cluster, |machine| {
+            self.resource_split.share(&app.id, machine).map_or_else(
+                || {
+                    sensitivity.proportional_speed(
+                        &self.cluster.machine_resources(machine),
+                        gpus_per_machine[&machine],
+                    )
+                },
+                |share| share.speed,
+            )
+        })
+    }
+
+    /// `app`'s speed on each GPU of the cluster as it is now ([`Self::speeds`]), for the
+    /// simulator, which runs jobs at the speed their shares give them.
+    pub fn app_speeds(&self, app: &AppId) -> Option<GpuSpeeds> {
+        Some(self.speeds(&self.participants.get(app)?.app))
+    }
+
+    /// The CPUs and memory of each machine as divided after the last round.
+    pub fn resource_split(&self) -> &ResourceSplit<AppId> {
+        &self.resource_split
     }
 
     /// Whether `app`'s throughput table gives a speed for every GPU type of the cluster (an
-    /// app with no table runs at one speed on all).
+    /// app with no table runs at one speed on all), and its sensitivity profile asks no machine
+    /// for more than it has.
     pub fn check_throughput(&self, app: &App) -> Result<(), MarketError> {
         app.throughput()
             .check_covers(&self.cluster)
+            .and_then(|()| {
+                app.sensitivity()
+                    .check_fits(&self.cluster.largest_machine())
+            })
             .map_err(|reason| MarketError::Throughput(app.id.clone(), reason))
     }
 
@@ -353,6 +397,47 @@ impl Market {
         let app = &mut Arc::make_mut(participant).app;
         *app.throughput_mut() = updated;
         Ok(app.throughput())
+    }
+
+    /// Divides every machine's CPUs and memory among the apps holding its GPUs now (by the
+    /// configured [`ResourceAllocation`]); a machine whose holders are unchanged keeps its split.
+    fn divide_resources(&mut self) {
+        if !self.cluster.models_resources() {
+            return;
+        }
+        let gpus_per_machine = self.cluster.gpus_per_machine();
+        let mut machines: BTreeMap<u32, MachineTenants<AppId>> = gpus_per_machine
+            .iter()
+            .map(|(&machine, &gpus)| {
+                let tenants = MachineTenants {
+                    resources: self.cluster.machine_resources(machine),
+                    gpus,
+                    tenants: Vec::new(),
+                };
+                (machine, tenants)
+            })
+            .collect();
+        for (id, participant) in &self.participants {
+            let mut held: BTreeMap<u32, u32> = BTreeMap::new();
+            for lease in self.leases.leases_of(id) {
+                for &gpu in &lease.gpus {
+                    *held.entry(self.cluster.location(gpu).machine).or_insert(0) += 1;
+                }
+            }
+            for (machine, gpus) in held {
+                if let Some(entry) = machines.get_mut(&machine) {
+                    entry
+                        .tenants
+                        .push((id.clone(), gpus, participant.app.sensitivity()));
+                }
+            }
+        }
+        let split = ResourceSplit::divide(
+            machines,
+            self.config.resource_allocation,
+            &self.resource_split,
+        );
+        self.resource_split = Arc::new(split);
     }
 
     /// An app arrives; its T_cluster is computed on the cluster as it is now.
@@ -1214,6 +1299,7 @@ impl Market {
             ids.push(book.grant(app.clone(), indices, now, self.config.lease_length)?);
         }
         self.leases = book;
+        self.divide_resources();
         Ok(ids
             .into_iter()
             .filter_map(|id| self.leases.get(id).cloned())

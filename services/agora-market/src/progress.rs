@@ -168,6 +168,7 @@ mod tests {
             kind: AppKind::SingleJob {
                 job: job("j", total),
                 throughput: Default::default(),
+                sensitivity: Default::default(),
             },
         }
     }
@@ -235,6 +236,7 @@ mod tests {
                 current_phase: 0,
                 jobs: vec![job("a", 30), job("b", 30)],
                 throughput: Default::default(),
+                sensitivity: Default::default(),
             }),
         };
         app.apply_progress(&[report("a", 10)]).expect("valid");
@@ -268,6 +270,7 @@ mod tests {
                 current_phase: 0,
                 jobs: vec![job("a", 9), job("b", 9)],
                 throughput: Default::default(),
+                sensitivity: Default::default(),
             }),
         };
         app.apply_progress(&[report("a", 5)]).expect("valid");

@@ -167,6 +167,29 @@ impl GpuSpeeds {
         }
     }
 
+    /// These speeds, each multiplied by `factor` of its GPU's machine (the speed an app's CPU
+    /// and memory there give it, [`crate::resources`]).
+    pub fn scaled_per_machine(&self, cluster: &Cluster, factor: impl Fn(u32) -> f64) -> Self {
+        let slots = cluster
+            .gpus()
+            .map(|(_, gpu)| gpu.location.slot as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut by_slot = vec![f64::INFINITY; slots];
+        let mut factors = BTreeMap::new();
+        for (_, gpu) in cluster.gpus() {
+            let location = gpu.location;
+            let machine_factor = *factors
+                .entry(location.machine)
+                .or_insert_with(|| factor(location.machine));
+            let slot = &mut by_slot[location.slot as usize];
+            *slot = slot.min(self.at(location) * machine_factor);
+        }
+        Self {
+            by_slot: Some(by_slot.into()),
+        }
+    }
+
     /// The speed on the GPU at `location` (1.0 outside the cluster).
     pub fn at(&self, location: GpuLocation) -> f64 {
         self.by_slot

@@ -6,6 +6,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::resources::MachineResources;
+
 /// A GPU's stable, human-readable identifier (e.g. `m3-g1`, or a CUDA UUID on real hosts).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -119,6 +121,8 @@ pub struct Cluster {
     by_id: HashMap<GpuId, GpuIndex>,
     /// Interchangeability class of each GPU: GPUs in one slot with one type share a class.
     interchange_class: Vec<u32>,
+    /// CPU cores and memory of the machines that give them, by machine number.
+    machine_resources: BTreeMap<u32, MachineResources>,
 }
 
 impl Cluster {
@@ -166,6 +170,7 @@ impl Cluster {
             gpus,
             by_id,
             interchange_class,
+            machine_resources: BTreeMap::new(),
         })
     }
 
@@ -173,9 +178,17 @@ impl Cluster {
     /// naming GPUs `m{machine}-g{n}`.
     pub fn from_spec(spec: &ClusterSpec) -> Result<Self, TopologyError> {
         let mut gpus = Vec::new();
+        let mut machine_resources = BTreeMap::new();
         let (mut machine_number, mut slot_number) = (0u32, 0u32);
         for (rack_number, rack) in spec.racks.iter().enumerate() {
             for machine in &rack.machines {
+                let resources = MachineResources {
+                    cpus: machine.cpus.map(f64::from),
+                    memory_gib: machine.memory_gib,
+                };
+                if !resources.is_unmodelled() {
+                    machine_resources.insert(machine_number, resources);
+                }
                 let mut gpu_in_machine = 0;
                 for slot in &machine.slots {
                     for _ in 0..slot.gpus {
@@ -196,7 +209,9 @@ impl Cluster {
                 machine_number += 1;
             }
         }
-        Self::new(gpus)
+        let mut cluster = Self::new(gpus)?;
+        cluster.machine_resources = machine_resources;
+        Ok(cluster)
     }
 
     /// Appends `gpus` (a host joining); every existing GPU keeps its index and class. Fails,
@@ -205,7 +220,9 @@ impl Cluster {
         let first = self.gpus.len();
         let mut all = self.gpus.clone();
         all.extend(gpus);
+        let machine_resources = std::mem::take(&mut self.machine_resources);
         *self = Self::new(all)?;
+        self.machine_resources = machine_resources;
         Ok((first..self.gpus.len())
             .map(|index| GpuIndex(index as u32))
             .collect())
@@ -263,6 +280,42 @@ impl Cluster {
     pub fn locality(&self, gpus: &[GpuIndex]) -> Locality {
         Locality::of(gpus.iter().map(|&gpu| self.location(gpu)))
     }
+
+    /// The CPU cores and memory of `machine` (`None` each where the machine does not say).
+    pub fn machine_resources(&self, machine: u32) -> MachineResources {
+        self.machine_resources
+            .get(&machine)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Whether any machine gives its CPU cores or memory.
+    pub fn models_resources(&self) -> bool {
+        !self.machine_resources.is_empty()
+    }
+
+    /// The most CPU cores and the most memory any one machine has.
+    pub fn largest_machine(&self) -> MachineResources {
+        let most = |amount: fn(&MachineResources) -> Option<f64>| {
+            self.machine_resources
+                .values()
+                .filter_map(amount)
+                .reduce(f64::max)
+        };
+        MachineResources {
+            cpus: most(|machine| machine.cpus),
+            memory_gib: most(|machine| machine.memory_gib),
+        }
+    }
+
+    /// How many GPUs each machine has, by machine number.
+    pub fn gpus_per_machine(&self) -> BTreeMap<u32, u32> {
+        let mut counts = BTreeMap::new();
+        for gpu in &self.gpus {
+            *counts.entry(gpu.location.machine).or_insert(0) += 1;
+        }
+        counts
+    }
 }
 
 /// A cluster described as racks of machines of slots, as in cluster spec files.
@@ -279,12 +332,29 @@ pub struct RackSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MachineSpec {
     pub slots: Vec<SlotSpec>,
+    /// CPU cores; absent: CPUs are not modelled on this machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    /// Memory in GiB; absent: memory is not modelled on this machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gib: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SlotSpec {
     pub gpus: u32,
     pub gpu_type: String,
+}
+
+impl MachineSpec {
+    /// A machine of `slots` that does not give its CPU cores or memory.
+    pub fn new(slots: Vec<SlotSpec>) -> Self {
+        Self {
+            slots,
+            cpus: None,
+            memory_gib: None,
+        }
+    }
 }
 
 impl ClusterSpec {
@@ -295,9 +365,7 @@ impl ClusterSpec {
             gpus: gpus_per_slot,
             gpu_type: "gpu".to_owned(),
         };
-        let machine = MachineSpec {
-            slots: vec![slot; slots as usize],
-        };
+        let machine = MachineSpec::new(vec![slot; slots as usize]);
         let rack = RackSpec {
             machines: vec![machine; machines_per_rack as usize],
         };

@@ -40,6 +40,8 @@ pub mod shipped {
     pub const GAVEL_108: &str = "gavel-108.toml";
     /// `THEMIS_SIM_256` with K80, P100 and V100 racks.
     pub const THEMIS_SIM_256_MIXED: &str = "themis-sim-256-mixed.toml";
+    /// Synergy's 128 GPUs on 16 servers of 8 GPUs, 24 CPU cores and 500 GB (§5.1).
+    pub const SYNERGY_128: &str = "synergy-128.toml";
 
     /// Path of a shipped cluster file in this source tree.
     pub fn path(file_name: &str) -> PathBuf {

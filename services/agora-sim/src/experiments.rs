@@ -13,6 +13,7 @@ use std::time::Duration;
 use agora_market::app::{App, AppId, AppKind, Job};
 use agora_market::market::MarketConfig;
 use agora_market::policy::Policy;
+use agora_market::resources::ResourceAllocation;
 use agora_market::topology::{Cluster, ClusterSpec, MachineSpec, RackSpec, SlotSpec};
 
 use crate::charts::{self, LineChart, Series};
@@ -68,6 +69,11 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
         "adaptation",
         "static vs dynamic (batch-size scaling) jobs: max rho, share with rho > 1, makespan \
          and mean JCT per policy, Themis told the schedule or only the current speed",
+    ),
+    (
+        "synergy",
+        "mean JCT and makespan of Themis and SRTF with GPU-proportional vs sensitivity-aware \
+         CPUs and memory, Synergy's 128-GPU cluster and derived trace at rising load",
     ),
 ];
 
@@ -188,6 +194,7 @@ pub fn run_experiment(
         "fig19-sensitivity" => sensitivity(&mut out, scale)?,
         "heterogeneous" => heterogeneous(&mut out, scale)?,
         "adaptation" => adaptation(&mut out, scale)?,
+        "synergy" => synergy(&mut out, scale)?,
         _ => return Err(ExperimentError::Unknown(name.to_owned())),
     };
     Ok(ExperimentOutput {
@@ -983,12 +990,8 @@ pub fn liar_cluster_spec() -> ClusterSpec {
         gpus,
         gpu_type: "gpu".to_owned(),
     };
-    let big = MachineSpec {
-        slots: vec![slot(2); 4],
-    };
-    let small = MachineSpec {
-        slots: vec![slot(2)],
-    };
+    let big = MachineSpec::new(vec![slot(2); 4]);
+    let small = MachineSpec::new(vec![slot(2)]);
     let racks = (0..4)
         .map(|rack| {
             let mut machines = vec![small.clone(); 7];
@@ -1026,6 +1029,7 @@ pub fn liar_workload(scale: ExperimentScale) -> Workload {
                             speed_changes: Vec::new(),
                         },
                         throughput: Default::default(),
+                        sensitivity: Default::default(),
                     },
                 },
                 job_quality: Default::default(),
@@ -1183,5 +1187,116 @@ fn sensitivity(out: &mut Output, scale: ExperimentScale) -> Result<String, Exper
         },
         &gpu,
     )?;
+    Ok(summary)
+}
+
+/// Jobs per hour of the Synergy experiment's loads. The trace's mean job asks about 38
+/// GPU-hours, so 3.4 jobs an hour would fill the 128 GPUs in a steady state; 120 jobs arrive
+/// within 30-60 hours at these loads, before one is reached (EVALUATION.md, part 3c).
+pub const SYNERGY_LOADS: [f64; 3] = [2.0, 3.0, 4.0];
+/// The policies the Synergy experiment compares, each with both CPU and memory allocations.
+const SYNERGY_POLICIES: [Policy; 2] = [Policy::Themis, Policy::Srtf];
+const SYNERGY_ALLOCATIONS: [(ResourceAllocation, &str); 2] = [
+    (ResourceAllocation::GpuProportional, "gpu-proportional"),
+    (ResourceAllocation::SensitivityAware, "sensitivity-aware"),
+];
+
+/// Synergy's setting (OSDI'22 §5.3.2): its 128-GPU cluster, its derived trace at rising load
+/// ([`generate::synergy_trace`], `scale.apps` x 4 jobs), Themis and SRTF each with
+/// GPU-proportional and with sensitivity-aware CPUs and memory.
+fn synergy(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
+    let cluster = Cluster::from_spec(&clusters::load_cluster_spec(shipped::path(
+        shipped::SYNERGY_128,
+    ))?)?;
+    let workloads: Vec<Workload> = SYNERGY_LOADS
+        .iter()
+        .map(|&load| generate::synergy_trace(scale.apps * 4, load, 0))
+        .collect();
+    let mut runs = Vec::new();
+    for (workload, load) in workloads.iter().zip(SYNERGY_LOADS) {
+        for policy in SYNERGY_POLICIES {
+            for (allocation, name) in SYNERGY_ALLOCATIONS {
+                let mut config = config(policy);
+                config.market.resource_allocation = allocation;
+                runs.push(Run {
+                    label: format!("synergy {load}/h/{policy}/{name}"),
+                    cluster: &cluster,
+                    workload,
+                    config,
+                });
+            }
+        }
+    }
+    let reports = simulate_all(&runs, scale.threads)?;
+    let mut csv = String::from(
+        "jobs_per_hour,policy,allocation,unfinished_apps,mean_jct_hours,makespan_hours,max_rho\n",
+    );
+    let mut summary = String::new();
+    for (run, report) in runs.iter().zip(&reports) {
+        let s = &report.summary;
+        let label: Vec<&str> = run.label.split('/').collect();
+        let load = label[0].trim_start_matches("synergy ");
+        let _ = writeln!(
+            csv,
+            "{load},{},{},{},{:.4},{:.4},{:.4}",
+            s.policy,
+            label[3],
+            s.unfinished_apps,
+            s.mean_completion_seconds / 3600.0,
+            s.makespan_seconds / 3600.0,
+            s.max_rho
+        );
+    }
+    out.csv("synergy.csv", &csv)?;
+    let per_load = SYNERGY_POLICIES.len() * SYNERGY_ALLOCATIONS.len();
+    for (column, label, value) in [
+        (
+            "mean_jct",
+            "mean JCT (hours)",
+            (|s: &RunSummary| s.mean_completion_seconds / 3600.0) as fn(&RunSummary) -> f64,
+        ),
+        ("makespan", "makespan (hours)", |s: &RunSummary| {
+            s.makespan_seconds / 3600.0
+        }),
+    ] {
+        let series: Vec<Series> = (0..per_load)
+            .map(|k| {
+                let points = SYNERGY_LOADS
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &load)| (load, value(&reports[i * per_load + k].summary)))
+                    .collect();
+                let policy = SYNERGY_POLICIES[k / SYNERGY_ALLOCATIONS.len()];
+                let (_, allocation) = SYNERGY_ALLOCATIONS[k % SYNERGY_ALLOCATIONS.len()];
+                Series::new(format!("{policy} {allocation}"), points)
+            })
+            .collect();
+        out.lines(
+            &format!("synergy-{column}.svg"),
+            &LineChart {
+                title: &format!("{label} vs load, Synergy's trace on 128 GPUs"),
+                x_label: "load (jobs per hour)",
+                y_label: label,
+                markers: true,
+                steps: false,
+            },
+            &series,
+        )?;
+    }
+    for (i, load) in SYNERGY_LOADS.iter().enumerate() {
+        for (p, policy) in SYNERGY_POLICIES.iter().enumerate() {
+            let at = |a: usize| &reports[i * per_load + p * SYNERGY_ALLOCATIONS.len() + a].summary;
+            let (proportional, aware) = (at(0), at(1));
+            let _ = writeln!(
+                summary,
+                "{load}/h {policy}: mean JCT {:.2} h -> {:.2} h ({:.2}x), makespan {:.1} h -> {:.1} h",
+                proportional.mean_completion_seconds / 3600.0,
+                aware.mean_completion_seconds / 3600.0,
+                proportional.mean_completion_seconds / aware.mean_completion_seconds,
+                proportional.makespan_seconds / 3600.0,
+                aware.makespan_seconds / 3600.0,
+            );
+        }
+    }
     Ok(summary)
 }

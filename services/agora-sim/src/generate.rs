@@ -358,11 +358,13 @@ fn workload1_app(
         AppKind::SingleJob {
             job,
             throughput: Default::default(),
+            sensitivity: Default::default(),
         }
     } else {
         AppKind::PerformanceCurve(PerformanceCurve {
             jobs,
             throughput: Default::default(),
+            sensitivity: Default::default(),
         })
     };
     (kind, quality)
@@ -421,6 +423,7 @@ fn workload2_app(
         current_phase: 0,
         jobs,
         throughput: Default::default(),
+        sensitivity: Default::default(),
     };
     (AppKind::SuccessiveHalving(search), quality)
 }
@@ -476,6 +479,85 @@ fn standard_normal(rng: &mut ChaCha8Rng) -> f64 {
     let u1 = 1.0 - rng.random::<f64>();
     let u2 = rng.random::<f64>();
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+/// Synergy's production-derived trace (OSDI'22 §5.1), as single-job apps: the model by its
+/// workload split (image, language, speech: 20/70/10%), GPUs per job from the Philly shares
+/// [`SYNERGY_GPU_DEMAND`], a duration at the GPU-proportional share of 10^x minutes with x
+/// uniform in [1.5, 3] (80%) or [3, 4] (20%), and Poisson arrivals at `jobs_per_hour`.
+/// Iterations take 1 s on one GPU and jobs scale linearly (Synergy models no placement), so
+/// a job of duration D on g GPUs has D x g iterations.
+pub fn synergy_trace(jobs: usize, jobs_per_hour: f64, seed: u64) -> Workload {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut arrival = 0.0;
+    let apps = (0..jobs)
+        .map(|number| {
+            let model = pick(&mut rng, &SYNERGY_MODELS);
+            let gpus = pick(&mut rng, &SYNERGY_GPU_DEMAND);
+            let exponent = if rng.random::<f64>() < 0.8 {
+                rng.random_range(1.5..3.0)
+            } else {
+                rng.random_range(3.0..4.0)
+            };
+            let seconds = 60.0 * 10f64.powf(exponent);
+            let id = format!("synergy-{number:04}");
+            let job = Job {
+                id: format!("{id}-job"),
+                total_iterations: (seconds * f64::from(gpus)).round().max(1.0) as u64,
+                completed_iterations: 0,
+                serial_iteration_time: 1.0,
+                max_gpus: gpus,
+                slowdown: PlacementSlowdown::NONE,
+                stopped: false,
+                speed_changes: Vec::new(),
+            };
+            let app = WorkloadApp {
+                arrival_seconds: arrival,
+                model: model.to_owned(),
+                app: App {
+                    id: AppId::from(id.as_str()),
+                    kind: AppKind::SingleJob {
+                        job,
+                        throughput: Default::default(),
+                        sensitivity: Default::default(),
+                    },
+                },
+                job_quality: BTreeMap::new(),
+            };
+            arrival += -(1.0 - rng.random::<f64>()).ln() * 3600.0 / jobs_per_hour;
+            app
+        })
+        .collect();
+    Workload { apps }
+}
+
+/// Synergy's models by its (20, 70, 10) split, with the catalogue's nearest names: image
+/// (AlexNet and ResNet-50 for its CPU-hungry and its moderate models), language (GNMT, LSTM,
+/// Transformer), speech (DeepSpeech).
+pub const SYNERGY_MODELS: [(&str, f64); 6] = [
+    ("alexnet", 0.10),
+    ("resnet50", 0.10),
+    ("gnmt", 0.25),
+    ("langmodel", 0.20),
+    ("transformer", 0.25),
+    ("deepspeech", 0.10),
+];
+
+/// GPUs per job (Synergy's multi-GPU trace takes them from Philly, up to 16): our rounding of
+/// the Philly shares Jeon et al. report (most jobs use one GPU).
+pub const SYNERGY_GPU_DEMAND: [(u32, f64); 5] =
+    [(1, 0.7), (2, 0.1), (4, 0.1), (8, 0.08), (16, 0.02)];
+
+/// Draws from a table of (value, probability) whose probabilities add up to 1.
+fn pick<T: Copy>(rng: &mut ChaCha8Rng, table: &[(T, f64)]) -> T {
+    let mut draw = rng.random::<f64>();
+    for &(value, probability) in table {
+        if draw < probability {
+            return value;
+        }
+        draw -= probability;
+    }
+    table[table.len() - 1].0
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! [`DEFAULT_SLOWDOWN`].
 
 use agora_market::app::PlacementSlowdown;
+use agora_market::resources::Sensitivity as ResourceProfile;
 use agora_market::throughput::Throughput;
 use serde::{Deserialize, Serialize};
 
@@ -161,6 +162,38 @@ pub fn measured_family(model: &str) -> MeasuredFamily {
         _ => MeasuredFamily::ResNet50,
     }
 }
+
+/// The default CPU and memory profile of `model`, by Synergy's task categories (Mohan et al.,
+/// OSDI'22, Figure 2a and §2.1), with speed 1.0 at Synergy's GPU-proportional share (3 CPU
+/// cores and 62.5 GiB per GPU), where its derived traces' durations are defined
+/// (`docs/mechanism.md` has the table and what in it is measured and what is ours).
+pub fn resource_profile_of(model: &str) -> ResourceProfile {
+    let (cpus, memory): (&[[f64; 2]], &[[f64; 2]]) = match lookup(model).map(|spec| spec.name) {
+        Some("alexnet") => (
+            &[[1.0, 0.33], [3.0, 1.0], [6.0, 1.9], [9.0, 2.6], [12.0, 3.1]],
+            DATA_HUNGRY_MEMORY,
+        ),
+        Some("wavenet" | "deepspeech") => (
+            &[[1.0, 0.4], [3.0, 1.0], [6.0, 1.8], [9.0, 2.3]],
+            DATA_HUNGRY_MEMORY,
+        ),
+        Some("bi-att-flow" | "langmodel" | "gnmt" | "transformer") => {
+            (&[[1.0, 1.0]], &[[20.0, 1.0]])
+        }
+        _ => (
+            &[[1.0, 0.5], [3.0, 1.0], [6.0, 1.4], [9.0, 1.5]],
+            DATA_HUNGRY_MEMORY,
+        ),
+    };
+    ResourceProfile {
+        cpus_per_gpu: cpus.to_vec(),
+        memory_gib_per_gpu: memory.to_vec(),
+    }
+}
+
+/// Image and speech models' speed by cache memory per GPU: twice as fast with the whole
+/// server's 500 GB as with 62.5 GB (ResNet-18, §2.1), never the bottleneck at 3 CPUs.
+const DATA_HUNGRY_MEMORY: &[[f64; 2]] = &[[20.0, 0.5], [62.5, 1.5], [500.0, 3.0]];
 
 /// The default throughput table of `model` (Gavel's measurements, [`MeasuredFamily`]).
 pub fn throughput_of(model: &str) -> Throughput {

@@ -196,6 +196,11 @@ impl<'a> World<'a> {
                 with_default_throughput(entry);
             }
         }
+        if cluster.models_resources() {
+            for entry in &mut pending {
+                with_default_resource_profile(entry);
+            }
+        }
         let mut seen = BTreeSet::new();
         for entry in &pending {
             if !seen.insert(entry.app.id.clone()) {
@@ -497,7 +502,12 @@ impl<'a> World<'a> {
                 (job.id.clone(), running)
             })
             .collect();
-        let speeds = GpuSpeeds::of(entry.app.throughput(), self.cluster);
+        // Its speeds on the GPU types and, where machines give CPUs or memory, with its
+        // guaranteed GPU-proportional share of them (the same profile as the market's).
+        let speeds = self
+            .market
+            .app_speeds(&entry.app.id)
+            .unwrap_or_else(|| GpuSpeeds::of(entry.app.throughput(), self.cluster));
         let app = RunningApp {
             cluster_seconds: hindsight_cluster_time(
                 &entry.app,
@@ -560,8 +570,22 @@ impl<'a> World<'a> {
         if let Some(outcome) = self.market.run_round(self.now, seed) {
             let outcome = outcome?;
             self.mechanism.count_round(&outcome, &self.just_expired);
+            self.apply_resource_split();
         }
         Ok(())
+    }
+
+    /// Jobs run at the speed their app's share of each machine's CPUs and memory gives them,
+    /// as the market divided them after the round ([`Market::app_speeds`]).
+    fn apply_resource_split(&mut self) {
+        if !self.cluster.models_resources() {
+            return;
+        }
+        for (id, app) in self.apps.iter_mut().filter(|(_, app)| app.is_active()) {
+            if let Some(speeds) = self.market.app_speeds(id) {
+                app.speeds = speeds;
+            }
+        }
     }
 
     /// Each app's scheduler places its running jobs on the app's GPUs ([`place_jobs`]); a job
@@ -841,6 +865,14 @@ pub fn hindsight_cluster_time(
 fn with_default_throughput(entry: &mut WorkloadApp) {
     if entry.app.throughput().is_empty() {
         *entry.app.throughput_mut() = models::throughput_of(&entry.model);
+    }
+}
+
+/// On a cluster that gives CPUs or memory, an app that declares no profile has its model's
+/// ([`models::resource_profile_of`]); elsewhere profiles change nothing.
+fn with_default_resource_profile(entry: &mut WorkloadApp) {
+    if entry.app.sensitivity().is_empty() {
+        *entry.app.sensitivity_mut() = models::resource_profile_of(&entry.model);
     }
 }
 

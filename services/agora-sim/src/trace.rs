@@ -403,6 +403,7 @@ impl Row<'_> {
                 kind: AppKind::SingleJob {
                     job,
                     throughput: Default::default(),
+                    sensitivity: Default::default(),
                 },
             },
             job_quality: Default::default(),

@@ -41,7 +41,7 @@ fn check(name: &str, csvs: &[(&str, &str)], svgs: &[&str]) -> PathBuf {
 
 #[test]
 fn every_listed_experiment_is_known_and_unknown_names_are_rejected() {
-    assert_eq!(EXPERIMENTS.len(), 10);
+    assert_eq!(EXPERIMENTS.len(), 11);
     let error = run_experiment("fig99", &out_dir("unknown"), ExperimentScale::tiny())
         .expect_err("not an experiment");
     assert!(error.to_string().contains("fig18-liar"), "{error}");
@@ -241,4 +241,18 @@ fn adaptation() {
     // Four workloads under every policy, and Themis told reactively on the two dynamic ones.
     assert_eq!(csv.lines().count(), 1 + 4 * Policy::ALL.len() + 2);
     assert_eq!(csv.matches(",themis-reactive,").count(), 2);
+}
+
+#[test]
+fn synergy() {
+    let dir = check(
+        "synergy",
+        &[(
+            "synergy.csv",
+            "jobs_per_hour,policy,allocation,unfinished_apps,mean_jct_hours,makespan_hours,max_rho",
+        )],
+        &["synergy-mean_jct.svg", "synergy-makespan.svg"],
+    );
+    // Three loads, two policies, two allocations.
+    assert_eq!(read(&dir, "synergy.csv").lines().count(), 1 + 3 * 2 * 2);
 }

@@ -48,6 +48,7 @@ fn single(id: &str, iterations: u64, max_gpus: u32) -> App {
         kind: AppKind::SingleJob {
             job: job(&format!("{id}-job"), iterations, 1.0, max_gpus),
             throughput: Default::default(),
+            sensitivity: Default::default(),
         },
     }
 }
@@ -201,6 +202,7 @@ fn successive_halving_keeps_the_better_half() {
         current_phase: 0,
         jobs,
         throughput: Default::default(),
+        sensitivity: Default::default(),
     };
     let mut entry = arriving(
         0.0,
@@ -237,6 +239,7 @@ fn performance_curve_jobs_stop_at_their_prediction() {
             },
         ],
         throughput: Default::default(),
+        sensitivity: Default::default(),
     };
     let entry = arriving(
         0.0,
@@ -394,6 +397,7 @@ fn skewed_curve(seed: u64) -> WorkloadApp {
             kind: AppKind::PerformanceCurve(PerformanceCurve {
                 jobs,
                 throughput: Default::default(),
+                sensitivity: Default::default(),
             }),
         },
     )
@@ -602,30 +606,118 @@ fn homogeneous_reports_are_unchanged() {
             .iter()
             .find(|(name, ..)| *name == case)
             .expect("a known case");
-        let config = SimulationConfig {
-            market: MarketConfig {
-                policy: policy.parse().expect("a policy"),
-                fairness_knob: 0.8,
-                lease_length: Duration::from_secs(600),
-                restart_pause: Duration::from_secs(35),
-                ..MarketConfig::default()
-            },
-            seed: 0,
-            ..SimulationConfig::default()
-        };
-        let report = simulate(cluster, workload, &config, |_| {}).expect("simulates");
-        let mut json = serde_json::to_string_pretty(&report).expect("serialisable");
-        json.push('\n');
-        let actual = format!(
-            "{case} {policy} {:016x} {:016x}",
-            fnv1a(json.as_bytes()),
-            fnv1a(report.apps_csv().as_bytes())
+        assert_eq!(
+            &report_digests(case, policy, cluster, workload),
+            line,
+            "the report differs from main's"
         );
-        assert_eq!(&actual, line, "the report differs from main's");
     }
     assert_eq!(
         expected.len(),
         cases.len() * 8,
         "every case under the eight policies"
     );
+}
+
+/// `<case> <policy> <digest of the JSON report> <digest of the per-app CSV>`, as `agora
+/// simulate --out` writes them with the default flags.
+fn report_digests(case: &str, policy: &str, cluster: &Cluster, workload: &Workload) -> String {
+    let config = SimulationConfig {
+        market: MarketConfig {
+            policy: policy.parse().expect("a policy"),
+            fairness_knob: 0.8,
+            lease_length: Duration::from_secs(600),
+            restart_pause: Duration::from_secs(35),
+            ..MarketConfig::default()
+        },
+        seed: 0,
+        ..SimulationConfig::default()
+    };
+    let report = simulate(cluster, workload, &config, |_| {}).expect("simulates");
+    let mut json = serde_json::to_string_pretty(&report).expect("serialisable");
+    json.push('\n');
+    format!(
+        "{case} {policy} {:016x} {:016x}",
+        fnv1a(json.as_bytes()),
+        fnv1a(report.apps_csv().as_bytes())
+    )
+}
+
+/// A cluster of three GPU types without CPUs or memory gives the same reports, byte for byte,
+/// as main's before machines had them, under every policy (`mixed-digests.txt`).
+#[test]
+fn mixed_cluster_reports_are_unchanged() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cluster =
+        clusters::load_cluster(clusters::shipped::path("gavel-108.toml")).expect("shipped");
+    let example =
+        agora_sim::trace::load_workload_json(root.join("workloads/example.json")).expect("shipped");
+    let expected =
+        std::fs::read_to_string(root.join("tests/mixed-digests.txt")).expect("checked in");
+    let lines: Vec<&str> = expected
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .collect();
+    assert_eq!(lines.len(), Policy::ALL.len(), "one line per policy");
+    for (line, policy) in lines.into_iter().zip(Policy::ALL) {
+        let actual = report_digests("example-gavel-108", policy.name(), &cluster, &example);
+        assert_eq!(actual, line, "the report differs from main's");
+    }
+}
+
+/// The simulator runs jobs at the speed their share of the machine's CPUs gives them. One
+/// machine of 4 GPUs and 12 CPUs; a CPU-hungry and a CPU-light job of 1000 iterations of 1 s on
+/// 2 GPUs each, both arriving at 0 (the split of `tests/engine/resources.rs`): with
+/// GPU-proportional CPUs both take 500 s; by sensitivity the hungry one runs at 5/3 and takes
+/// 300 s, the light one still 500 s.
+#[test]
+fn jobs_run_at_the_speed_of_their_cpu_share() {
+    use agora_market::resources::{ResourceAllocation, Sensitivity};
+    let cluster = agora_market::cluster_file::parse_cluster(
+        "racks = [{ machines = [{ slots = 1, gpus_per_slot = 4, gpu_type = \"v100\", cpus = 12 }] }]",
+        std::path::Path::new("one-machine.toml"),
+    )
+    .expect("valid");
+    let entry = |id: &str, cpus_per_gpu: Vec<[f64; 2]>| {
+        let mut app = arriving(0.0, single(id, 1000, 2));
+        *app.app.sensitivity_mut() = Sensitivity {
+            cpus_per_gpu,
+            memory_gib_per_gpu: Vec::new(),
+        };
+        app
+    };
+    let workload = Workload {
+        apps: vec![
+            entry("hungry", vec![[3.0, 1.0], [6.0, 2.0]]),
+            entry("light", vec![[1.0, 1.0]]),
+        ],
+    };
+    for (allocation, hungry_seconds) in [
+        (ResourceAllocation::GpuProportional, 500.0),
+        (ResourceAllocation::SensitivityAware, 300.0),
+    ] {
+        let config = SimulationConfig {
+            market: MarketConfig {
+                resource_allocation: allocation,
+                restart_pause: Duration::ZERO,
+                ..MarketConfig::default()
+            },
+            ..SimulationConfig::default()
+        };
+        let report = simulate(&cluster, &workload, &config, |_| {}).expect("simulates");
+        let completion = |id: &str| {
+            report
+                .apps
+                .iter()
+                .find(|app| app.app.0 == id)
+                .expect("reported")
+                .completion_seconds
+        };
+        // Milestones are handled a millisecond after they fall due.
+        assert!(
+            (completion("hungry") - hungry_seconds).abs() < 0.01,
+            "{allocation:?}"
+        );
+        assert!((completion("light") - 500.0).abs() < 0.01, "{allocation:?}");
+    }
 }

@@ -221,15 +221,13 @@ pub fn cluster(gpus: u32) -> Cluster {
         assert_eq!(gpus % 256, 0, "larger clusters come in groups of 256 GPUs");
         let rack = |gpus_per_slot: u32| RackSpec {
             machines: vec![
-                MachineSpec {
-                    slots: vec![
-                        SlotSpec {
-                            gpus: gpus_per_slot,
-                            gpu_type: "v100".to_owned(),
-                        };
-                        2
-                    ],
-                };
+                MachineSpec::new(vec![
+                    SlotSpec {
+                        gpus: gpus_per_slot,
+                        gpu_type: "v100".to_owned(),
+                    };
+                    2
+                ]);
                 8
             ],
         };
@@ -295,6 +293,7 @@ pub fn random_app(rng: &mut ChaCha8Rng, id: String) -> App {
         AppKind::SingleJob {
             job: job(format!("{id}-job"), iterations, serial),
             throughput: Default::default(),
+            sensitivity: Default::default(),
         }
     } else {
         let jobs = pick(rng, &[(4u32, 0.4), (8, 0.4), (16, 0.2)]);
@@ -329,6 +328,7 @@ pub fn random_app(rng: &mut ChaCha8Rng, id: String) -> App {
             current_phase: 0,
             jobs,
             throughput: Default::default(),
+            sensitivity: Default::default(),
         })
     };
     App {

@@ -35,6 +35,7 @@ fn app(job: Job) -> App {
         kind: AppKind::SingleJob {
             job,
             throughput: Default::default(),
+            sensitivity: Default::default(),
         },
     }
 }

@@ -111,9 +111,7 @@ fn gandiva_gives_the_placement_sensitive_app_the_packed_gpus() {
         gpu_type: "gpu".into(),
     };
     let rack = |gpus| RackSpec {
-        machines: vec![MachineSpec {
-            slots: vec![slot(gpus)],
-        }],
+        machines: vec![MachineSpec::new(vec![slot(gpus)])],
     };
     let cluster = Cluster::from_spec(&ClusterSpec {
         racks: vec![rack(2), rack(1)],

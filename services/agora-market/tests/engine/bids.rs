@@ -18,7 +18,7 @@ fn cluster_strategy() -> impl Strategy<Value = Cluster> {
         gpus,
         gpu_type: "gpu".into(),
     });
-    let machine = prop::collection::vec(slot, 1..=2).prop_map(|slots| MachineSpec { slots });
+    let machine = prop::collection::vec(slot, 1..=2).prop_map(MachineSpec::new);
     let rack = prop::collection::vec(machine, 1..=2).prop_map(|machines| RackSpec { machines });
     prop::collection::vec(rack, 1..=2)
         .prop_map(|racks| Cluster::from_spec(&ClusterSpec { racks }).expect("valid spec"))

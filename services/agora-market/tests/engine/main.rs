@@ -10,5 +10,6 @@ mod live;
 mod market;
 mod progress;
 mod replay;
+mod resources;
 mod restore;
 mod support;

@@ -48,6 +48,7 @@ fn a_survivor_past_several_rungs_keeps_its_app_bidding_once_the_last_loser_stops
             current_phase: 0,
             jobs: vec![job("a", 9), job("b", 9)],
             throughput: Default::default(),
+            sensitivity: Default::default(),
         }),
     };
     let config = MarketConfig {

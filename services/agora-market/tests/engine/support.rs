@@ -27,6 +27,7 @@ pub fn single_job_app(id: &str, max_gpus: u32, iterations: u64, serial_seconds: 
                 speed_changes: Vec::new(),
             },
             throughput: Default::default(),
+            sensitivity: Default::default(),
         },
     }
 }
