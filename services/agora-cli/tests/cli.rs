@@ -482,3 +482,87 @@ fn bad_demo_flags_are_usage_errors_that_name_the_flag() {
         );
     }
 }
+
+/// A V100 (v0) and a K80 (k0); a runs 4x faster on the V100, b the same on both. Each bids
+/// rho 2 (at speed 1) for either GPU, rho_old 3.
+///
+/// Priced: a 0.5 on v0 (2 / 4) and 2 on k0; b 2 on either. PF: a on v0 and b on k0 gain
+/// ln(3 / 0.5) + ln(3 / 2) = ln 9, against ln 2.25 the other way round. Payments: without a,
+/// b's best is still 1/2, so c_a = 1; without b, a still takes v0, so c_b = 1.
+fn typed_instance(a_throughput: Value) -> Value {
+    let bids = json!([{"gpus": ["k0"], "rho": 2.0}, {"gpus": ["v0"], "rho": 2.0}]);
+    json!({
+        "gpus": [{"id": "v0", "type": "v100"}, {"id": "k0", "type": "k80"}],
+        "apps": [
+            {"app": "a", "rho_old": 3.0, "throughput": a_throughput, "bids": bids},
+            {"app": "b", "rho_old": 3.0, "throughput": {"k80": 1.0, "v100": 1.0}, "bids": bids}
+        ]
+    })
+}
+
+#[test]
+fn typed_gpus_price_each_bid_at_its_bundles_speed() {
+    let instance = typed_instance(json!({"k80": 1.0, "v100": 4.0}));
+    let outcome = stdout_json(&solve_stdin(&instance.to_string()));
+    assert_eq!(outcome["pf"], json!({"a": 1, "b": 0}));
+    assert_eq!(outcome["c"], json!({"a": 1.0, "b": 1.0}));
+    assert_eq!(
+        outcome["allocation"],
+        json!({"a": ["v0"], "b": ["k0"]}),
+        "{outcome}"
+    );
+}
+
+/// Only v0 is offered; a (4x on it) bids 2 at speed 1, b (1x) bids 1, both rho_old 3. With
+/// nothing spent, a is priced 0.5 and wins (ln 6 > ln 3); with rho_elapsed 1.5, a's price is
+/// 1.5 + 0.5 / 4 = 1.625 and b wins (ln(3 / 1.625) < ln 3).
+#[test]
+fn only_the_remaining_part_of_rho_runs_faster() {
+    let instance = |spent: f64| {
+        json!({
+            "gpus": [{"id": "v0", "type": "v100"}],
+            "apps": [
+                {"app": "a", "rho_old": 3.0, "throughput": {"v100": 4.0}, "rho_elapsed": spent,
+                 "bids": [{"gpus": ["v0"], "rho": 2.0}]},
+                {"app": "b", "rho_old": 3.0, "bids": [{"gpus": ["v0"], "rho": 1.0}]}
+            ]
+        })
+        .to_string()
+    };
+    let fresh = stdout_json(&solve_stdin(&instance(0.0)));
+    assert_eq!(fresh["pf"], json!({"a": 0, "b": null}));
+    let waited = stdout_json(&solve_stdin(&instance(1.5)));
+    assert_eq!(waited["pf"], json!({"a": null, "b": 0}));
+}
+
+#[test]
+fn bad_gpu_types_are_input_errors_naming_the_field() {
+    let missing = typed_instance(json!({"v100": 4.0}));
+    assert_input_error(
+        &solve_stdin(&missing.to_string()),
+        &["invalid GPU types", "apps[0].throughput", "`k80`"],
+    );
+    for speed in [json!(0.0), json!(-2.0)] {
+        let bad = typed_instance(json!({"k80": speed, "v100": 4.0}));
+        assert_input_error(
+            &solve_stdin(&bad.to_string()),
+            &["apps[0].throughput.k80 must be a finite speed > 0"],
+        );
+    }
+    let untyped_one = r#"{"gpus": [{"id": "v0", "type": "v100"}, "k0"], "apps": []}"#;
+    assert_input_error(&solve_stdin(untyped_one), &["gpus[1] has no type"]);
+    let empty = r#"{"gpus": [{"id": "v0", "type": " "}], "apps": []}"#;
+    assert_input_error(&solve_stdin(empty), &["gpus[0].type must not be empty"]);
+    let table_without_types = r#"{"gpus": ["g0"], "apps": [{"app": "a", "rho_old": 2,
+        "throughput": {"v100": 2}, "bids": [{"gpus": ["g0"], "rho": 1}]}]}"#;
+    assert_input_error(
+        &solve_stdin(table_without_types),
+        &["apps[0]", "no GPU has a type"],
+    );
+    let mut spent_all = typed_instance(json!({"k80": 1.0, "v100": 4.0}));
+    spent_all["apps"][1]["rho_elapsed"] = json!(2.0);
+    assert_input_error(
+        &solve_stdin(&spent_all.to_string()),
+        &["apps[1].bids[0].rho (2) must exceed apps[1].rho_elapsed (2)"],
+    );
+}

@@ -43,18 +43,22 @@ impl Throughput {
 
     /// A table that says anything must give a speed for every GPU type of `cluster`.
     pub fn check_covers(&self, cluster: &Cluster) -> Result<(), String> {
+        self.check_covers_types(&gpu_types(cluster))
+    }
+
+    /// A table that says anything must give a speed for every one of `types` (sorted).
+    pub fn check_covers_types(&self, types: &[&str]) -> Result<(), String> {
         if self.is_empty() {
             return Ok(());
         }
-        match cluster
-            .gpus()
-            .map(|(_, gpu)| gpu.gpu_type.as_str())
-            .find(|gpu_type| !self.0.contains_key(*gpu_type))
+        match types
+            .iter()
+            .find(|gpu_type| !self.0.contains_key(**gpu_type))
         {
             Some(missing) => Err(format!(
                 "throughput has no speed for GPU type `{missing}`, which the cluster has; give \
                  one for every type ({})",
-                gpu_types(cluster).join(", ")
+                types.join(", ")
             )),
             None => Ok(()),
         }
@@ -122,6 +126,13 @@ impl Throughput {
         table.insert(report.gpu_type.clone(), report.speed);
         Ok(Self(table))
     }
+}
+
+/// The rho of a bundle whose slowest GPU runs the app at `speed`, from its rho at speed 1:
+/// the part already spent, `spent` = (now - arrival) / T_id, stays; the rest is remaining time
+/// over T_id, which the job model divides by the speed of the bundle's slowest GPU.
+pub fn rho_at_speed(rho_at_unit_speed: f64, spent: f64, speed: f64) -> f64 {
+    spent + (rho_at_unit_speed - spent) / speed
 }
 
 /// The distinct GPU types of `cluster`, sorted.
@@ -356,5 +367,15 @@ mod tests {
         assert_eq!(speeds.fastest_location().slot, 1);
         assert_eq!(GpuSpeeds::UNIFORM.at(slot(0)), 1.0);
         assert_eq!(table(&[("k80", 0.25)]).speed_on("a100"), 0.25);
+    }
+
+    #[test]
+    fn a_bundle_speeds_up_only_the_remaining_part_of_rho() {
+        // The engine's worked example (docs/mechanism.md): A's rho on one K80 (speed 1) is
+        // 8/3 at t = 0, and 2/3 on one V100 (speed 4).
+        assert!((rho_at_speed(8.0 / 3.0, 0.0, 4.0) - 2.0 / 3.0).abs() < 1e-15);
+        // Half its time already spent: only the other half runs 4x faster.
+        assert_eq!(rho_at_speed(2.0, 1.0, 4.0), 1.25);
+        assert_eq!(rho_at_speed(2.0, 1.0, 1.0), 2.0);
     }
 }

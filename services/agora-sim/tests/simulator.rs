@@ -658,10 +658,13 @@ fn mixed_cluster_reports_are_unchanged() {
         .lines()
         .filter(|line| !line.starts_with('#'))
         .collect();
-    assert_eq!(lines.len(), Policy::ALL.len(), "one line per policy");
-    for (line, policy) in lines.into_iter().zip(Policy::ALL) {
+    for policy in Policy::ALL {
+        let line = lines
+            .iter()
+            .find(|line| line.split(' ').nth(1) == Some(policy.name()))
+            .unwrap_or_else(|| panic!("mixed-digests.txt has no line for {policy}"));
         let actual = report_digests("example-gavel-108", policy.name(), &cluster, &example);
-        assert_eq!(actual, line, "the report differs from main's");
+        assert_eq!(&actual, line, "the report differs from main's");
     }
 }
 

@@ -1,14 +1,18 @@
 //! `agora auction solve [FILE|-] [--timings]`: runs one partial-allocation auction on a JSON
 //! instance and prints its outcome as JSON (and, with `--timings`, where the time went).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use agora_market::app::AppId;
 use agora_market::auction::{
-    AppBid, Auction, AuctionError, AuctionOutcome, Offer, PaymentStats, PfStats,
+    AppBid, Auction, AuctionError, AuctionOutcome, BidEntry, Offer, PaymentStats, PfStats,
 };
+use agora_market::rho::{Rho, RhoOld};
+use agora_market::throughput::{rho_at_speed, Throughput};
 use agora_market::topology::GpuId;
 use clap::{Args, Subcommand};
 use serde::Deserialize;
@@ -20,7 +24,9 @@ pub enum AuctionCommand {
     /// Solve one auction instance and print its outcome as JSON.
     ///
     /// Reads {"gpus": [...], "apps": [...], "seed": N} from FILE, or from standard input when
-    /// FILE is `-` or absent; `seed` is optional and defaults to 0. Prints {"pf", "pf_gpus",
+    /// FILE is `-` or absent; `seed` is optional and defaults to 0. GPUs may have types
+    /// ({"id", "type"}) and apps throughput tables, which price each bid at its bundle's
+    /// slowest GPU. Prints {"pf", "pf_gpus",
     /// "c", "allocation", "unallocated"} on standard output. Invalid input prints one
     /// `error: ...` line on standard error and exits with code 2. README.md documents both
     /// formats. With --timings, the time of each phase goes to standard error.
@@ -51,12 +57,61 @@ impl AuctionCommand {
 #[serde(deny_unknown_fields)]
 struct AuctionInstance {
     /// The offered GPUs. Without topology, each is its own slot, machine, rack and class.
-    gpus: Vec<GpuId>,
-    apps: Vec<AppBid>,
+    gpus: Vec<OfferedGpuSpec>,
+    apps: Vec<AppSpec>,
     /// Seeds the random rounding of fractional GPU shares; the same instance and seed always
     /// give the same outcome.
     #[serde(default)]
     seed: u64,
+}
+
+/// An offered GPU: its id, or its id and type.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OfferedGpuSpec {
+    Untyped(GpuId),
+    Typed(TypedGpu),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TypedGpu {
+    id: GpuId,
+    #[serde(rename = "type")]
+    gpu_type: String,
+}
+
+impl OfferedGpuSpec {
+    fn id(&self) -> &GpuId {
+        match self {
+            Self::Untyped(id) | Self::Typed(TypedGpu { id, .. }) => id,
+        }
+    }
+
+    fn gpu_type(&self) -> Option<&str> {
+        match self {
+            Self::Untyped(_) => None,
+            Self::Typed(gpu) => Some(&gpu.gpu_type),
+        }
+    }
+}
+
+/// An app's bid as the command reads it: the engine's bid, plus what prices it on typed GPUs.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AppSpec {
+    app: AppId,
+    /// Required (`null` for starving): a forgotten key must not read as "starving".
+    #[serde(deserialize_with = "Option::deserialize")]
+    rho_old: RhoOld,
+    /// Each entry's rho at speed 1 (on typed GPUs; as given otherwise).
+    bids: Vec<BidEntry>,
+    /// The app's speed per GPU type; empty: speed 1 on every type.
+    #[serde(default)]
+    throughput: Throughput,
+    /// The part of every rho already spent, (now - arrival) / T_id, which no speed shortens.
+    #[serde(default)]
+    rho_elapsed: f64,
 }
 
 /// Where the instance comes from, for reading it and for naming it in errors.
@@ -95,6 +150,11 @@ impl fmt::Display for Source {
     }
 }
 
+/// Typed GPUs and throughput tables that do not fit together; the message names the field.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TypeError(String);
+
 /// What can go wrong in `agora auction solve`. Each message names the input; the cause (which
 /// carries the line and column, or the app and bid entry) follows it as the error's source.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +183,14 @@ pub enum SolveError {
         #[source]
         cause: serde_json::Error,
     },
+    /// GPU types or throughput tables that cannot price the bids (a type missing from a
+    /// table, a speed <= 0, some GPUs typed and others not, ...).
+    #[error("{source_name}: invalid GPU types")]
+    Types {
+        source_name: Source,
+        #[source]
+        cause: TypeError,
+    },
     /// A well-formed instance that the engine rejects (unknown GPU in a bundle, duplicate
     /// app, ...).
     #[error("{source_name}: invalid auction")]
@@ -150,6 +218,7 @@ impl SolveError {
             | Self::Empty { .. }
             | Self::Syntax { .. }
             | Self::Instance { .. }
+            | Self::Types { .. }
             | Self::Auction { .. } => EXIT_INVALID_INPUT,
             Self::Solver { .. } | Self::Write(_) => EXIT_FAILURE,
         }
@@ -162,16 +231,21 @@ fn solve(args: &SolveArgs) -> Result<(), SolveError> {
         return Err(SolveError::NoInput);
     }
     let instance = read_instance(&source)?;
-    let (outcome, timings) = solve_instance(&instance).map_err(|cause| match cause {
-        AuctionError::Solver { .. } => SolveError::Solver {
-            source_name: source.clone(),
-            cause,
-        },
-        _ => SolveError::Auction {
-            source_name: source.clone(),
-            cause,
-        },
+    let (offer, bids) = priced_auction(&instance).map_err(|cause| SolveError::Types {
+        source_name: source.clone(),
+        cause,
     })?;
+    let (outcome, timings) =
+        solve_instance(&offer, &bids, instance.seed).map_err(|cause| match cause {
+            AuctionError::Solver { .. } => SolveError::Solver {
+                source_name: source.clone(),
+                cause,
+            },
+            _ => SolveError::Auction {
+                source_name: source.clone(),
+                cause,
+            },
+        })?;
     if args.timings {
         eprint!("{timings}");
     }
@@ -198,16 +272,118 @@ fn read_instance(source: &Source) -> Result<AuctionInstance, SolveError> {
     })
 }
 
-fn solve_instance(instance: &AuctionInstance) -> Result<(AuctionOutcome, Timings), AuctionError> {
-    let offer = Offer::without_topology(instance.gpus.iter().cloned());
+/// The offer and the bids the auction sees. On typed GPUs each entry is priced as the engine's
+/// job model does: the app runs a bundle at the speed of its slowest GPU, so the remaining part
+/// of the entry's rho (at speed 1) is divided by that speed. Untyped instances pass unchanged.
+fn priced_auction(instance: &AuctionInstance) -> Result<(Offer, Vec<AppBid>), TypeError> {
+    let offer = Offer::without_topology(instance.gpus.iter().map(|gpu| gpu.id().clone()));
+    let type_of = gpu_types(&instance.gpus)?;
+    let mut types: Vec<&str> = type_of.values().copied().collect();
+    types.sort_unstable();
+    types.dedup();
+    let bids = instance
+        .apps
+        .iter()
+        .enumerate()
+        .map(|(index, app)| {
+            let field = format!("apps[{index}]");
+            if type_of.is_empty() && (!app.throughput.is_empty() || app.rho_elapsed != 0.0) {
+                return Err(TypeError(format!(
+                    "{field}: `throughput` and `rho_elapsed` price typed GPUs, and no GPU has \
+                     a type"
+                )));
+            }
+            app.throughput
+                .validate()
+                .and_then(|()| app.throughput.check_covers_types(&types))
+                .map_err(|reason| TypeError(format!("{field}.{reason}")))?;
+            priced_bid(app, &field, &type_of)
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((offer, bids))
+}
+
+/// Each GPU's type; empty when no GPU has one. Either every GPU has a non-empty type or none.
+fn gpu_types(gpus: &[OfferedGpuSpec]) -> Result<HashMap<&GpuId, &str>, TypeError> {
+    if gpus.iter().all(|gpu| gpu.gpu_type().is_none()) {
+        return Ok(HashMap::new());
+    }
+    gpus.iter()
+        .enumerate()
+        .map(|(index, gpu)| match gpu.gpu_type() {
+            Some(gpu_type) if !gpu_type.trim().is_empty() => Ok((gpu.id(), gpu_type)),
+            Some(_) => Err(TypeError(format!("gpus[{index}].type must not be empty"))),
+            None => Err(TypeError(format!(
+                "gpus[{index}] has no type; when one GPU has a type, give every GPU one \
+                 ({{\"id\": ..., \"type\": ...}})"
+            ))),
+        })
+        .collect()
+}
+
+/// `app`'s bid with each entry priced at its bundle's slowest GPU (speed 1 on untyped GPUs
+/// and for GPUs the offer does not have, which the auction then refuses by name).
+fn priced_bid(
+    app: &AppSpec,
+    field: &str,
+    type_of: &HashMap<&GpuId, &str>,
+) -> Result<AppBid, TypeError> {
+    let spent = app.rho_elapsed;
+    if !(spent.is_finite() && spent >= 0.0) {
+        return Err(TypeError(format!(
+            "{field}.rho_elapsed must be a finite number >= 0, got {spent}"
+        )));
+    }
+    let bids = app
+        .bids
+        .iter()
+        .enumerate()
+        .map(|(entry, bid)| {
+            let at_unit_speed = bid.rho.get();
+            if spent >= at_unit_speed {
+                return Err(TypeError(format!(
+                    "{field}.bids[{entry}].rho ({at_unit_speed}) must exceed \
+                     {field}.rho_elapsed ({spent}): the bundle has time left to run"
+                )));
+            }
+            let slowest = bid
+                .gpus
+                .iter()
+                .filter_map(|gpu| type_of.get(gpu))
+                .map(|gpu_type| app.throughput.speed_on(gpu_type))
+                .reduce(f64::min)
+                .unwrap_or(1.0);
+            let rho = Rho::new(rho_at_speed(at_unit_speed, spent, slowest)).map_err(|_| {
+                TypeError(format!(
+                    "{field}.bids[{entry}]: no finite rho > 0 at speed {slowest}"
+                ))
+            })?;
+            Ok(BidEntry {
+                gpus: bid.gpus.clone(),
+                rho,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(AppBid {
+        app: app.app.clone(),
+        rho_old: app.rho_old,
+        bids,
+    })
+}
+
+fn solve_instance(
+    offer: &Offer,
+    bids: &[AppBid],
+    seed: u64,
+) -> Result<(AuctionOutcome, Timings), AuctionError> {
     let started = Instant::now();
-    let auction = Auction::new(&offer, &instance.apps)?;
+    let auction = Auction::new(offer, bids)?;
     let validation = started.elapsed();
     let started = Instant::now();
     let pf = auction.proportional_fair()?;
     let pf_solve = started.elapsed();
     let started = Instant::now();
-    let payments = auction.payments(&pf, instance.seed)?;
+    let payments = auction.payments(&pf, seed)?;
     let payment_solves = started.elapsed();
     let started = Instant::now();
     let outcome = auction.settle(&pf, &payments);

@@ -1,11 +1,13 @@
 //! The baseline policies of Themis §6.1. Each sees the same round as Themis (the free GPUs and
 //! every active app with unmet demand) and hands the free GPUs out greedily by its own metric,
 //! taking best-placed GPUs near what each app holds. Gavel's finish-time fairness, a later
-//! fairness policy added as a modern anchor, rounds LP time fractions instead (`gavel.rs`), and
-//! OEF, for clusters of several GPU types, rounds an LP's GPU counts per type (`oef.rs`), and
+//! fairness policy added as a modern anchor, rounds LP time fractions per GPU type instead
+//! (`gavel.rs`), and OEF, for clusters of several GPU types, rounds an LP's GPU counts per type
+//! (`oef.rs`); the two share the grouping of GPUs into types and the rounding (`gpu_types.rs`).
 //! Shockwave plans a window of rounds with a mixed-integer program (`shockwave.rs`).
 
 mod gavel;
+mod gpu_types;
 mod greedy;
 mod oef;
 mod shockwave;

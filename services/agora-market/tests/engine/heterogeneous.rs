@@ -4,6 +4,7 @@
 use agora_market::app::{App, AppKind, PlacementSlowdown};
 use agora_market::auction::AppBid;
 use agora_market::market::{Market, MarketConfig, MarketError};
+use agora_market::policy::Policy;
 use agora_market::throughput::{Throughput, ThroughputReport};
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, Gpu, GpuId, GpuIndex, GpuLocation};
@@ -47,6 +48,22 @@ fn app(id: &str, throughput: Throughput) -> App {
 
 fn is_v100(gpu: &GpuId) -> bool {
     gpu.0.starts_with('v')
+}
+
+/// The V100s and K80s `app` holds.
+fn v100s_and_k80s(market: &Market, app: &str) -> (usize, usize) {
+    let gpus: Vec<GpuId> = market
+        .leases()
+        .leases_of(&app.into())
+        .flat_map(|lease| {
+            lease
+                .gpus
+                .iter()
+                .map(|&gpu| market.cluster().gpu(gpu).id.clone())
+        })
+        .collect();
+    let fast = gpus.iter().filter(|gpu| is_v100(gpu)).count();
+    (fast, gpus.len() - fast)
 }
 
 /// The hand-checked example of docs/mechanism.md ("Heterogeneous GPUs"). Three apps arrive at
@@ -175,26 +192,9 @@ fn two_types_three_apps_hand_checked() {
         ],
     );
 
-    let granted = |app: &str| {
-        let mut gpus: Vec<GpuId> = market
-            .leases()
-            .leases_of(&app.into())
-            .flat_map(|lease| {
-                lease
-                    .gpus
-                    .iter()
-                    .map(|&gpu| market.cluster().gpu(gpu).id.clone())
-            })
-            .collect();
-        gpus.sort();
-        (
-            gpus.iter().filter(|gpu| is_v100(gpu)).count(),
-            gpus.iter().filter(|gpu| !is_v100(gpu)).count(),
-        )
-    };
-    assert_eq!(granted("a"), (1, 0));
-    assert_eq!(granted("b"), (1, 0));
-    assert_eq!(granted("c"), (0, 2));
+    assert_eq!(v100s_and_k80s(&market, "a"), (1, 0));
+    assert_eq!(v100s_and_k80s(&market, "b"), (1, 0));
+    assert_eq!(v100s_and_k80s(&market, "c"), (0, 2));
     for (app, value) in [("a", 2.0 * third), ("b", 2.0 * third), ("c", third)] {
         let current = market
             .current_rho(&app.into(), Timestamp(0))
@@ -202,6 +202,46 @@ fn two_types_three_apps_hand_checked() {
             .expect("holds GPUs")
             .get();
         assert!((current - value).abs() < 1e-12, "{app}: {current}");
+    }
+}
+
+/// Gavel's heterogeneity-aware FTF (`baselines/gavel.rs`) on the same cluster and apps, named
+/// in either order. Each app's T_id is 3x its time on 2 GPUs of its best type (the V100), so
+/// rho_i = 1 / (3 y_i), y_i = X_iV + c_i X_iK with c = 1/4, 1/2, 1 for A, B, C; both types
+/// have 2 GPUs and every demand is 2, so sum_i X_iV <= 1 and sum_i X_iK <= 1.
+///
+/// - By hand: maximise min y. The LP's optimum is y = 0.6 for all three with A on V100s
+///   (X_AV = 0.6), C on K80s (X_CK = 0.6) and B on both (X_BV = X_BK = 0.4), filling both
+///   types: the duals p_V = 0.4, p_K = 0.2 and weights 0.4, 0.4, 0.2 on A, B, C certify it
+///   (0.4 + 0.2 = 0.6; A on a K80 earns 0.4 / 4 < 0.2, C on a V100 0.2 < 0.4). Max rho 5/9.
+/// - Shares in GPUs: A 1.2 V100s; B 0.8 V100s and 0.8 K80s; C 1.2 K80s. B is furthest below
+///   its share (1.6) and takes ceil(0.8) = 1 V100 and 1 K80 first; A the other V100; C the
+///   other K80.
+#[test]
+fn gavel_ftf_shares_the_types_by_speed_whatever_the_names() {
+    for [a, b, c] in [["a", "b", "c"], ["z", "y", "x"]] {
+        let config = MarketConfig {
+            policy: Policy::GavelFtf,
+            restart_pause: std::time::Duration::ZERO,
+            ..MarketConfig::default()
+        };
+        let mut market = Market::new(two_types(), config, Timestamp(0)).expect("valid config");
+        for (id, speeds) in [
+            (a, table(1.0, 4.0)),
+            (b, table(1.0, 2.0)),
+            (c, table(1.0, 1.0)),
+        ] {
+            market
+                .add_app(app(id, speeds), Timestamp(0))
+                .expect("admitted");
+        }
+        market
+            .run_round(Timestamp(0), 7)
+            .expect("GPUs to offer")
+            .expect("a valid round");
+        assert_eq!(v100s_and_k80s(&market, a), (1, 0), "{a}");
+        assert_eq!(v100s_and_k80s(&market, b), (1, 1), "{b}");
+        assert_eq!(v100s_and_k80s(&market, c), (0, 1), "{c}");
     }
 }
 
