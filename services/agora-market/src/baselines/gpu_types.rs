@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use super::RoundView;
+use super::{hand_out_the_rest, RoundView};
 use crate::app::AppId;
 use crate::auction::OfferedGpu;
 use crate::leftover::{hand_out_in_order, Recipient};
@@ -127,12 +127,6 @@ pub(super) fn round(
     order.sort_by(|&a, &b| below(b).total_cmp(&below(a)).then_with(|| a.cmp(&b)));
     let mut granted: BTreeMap<AppId, Vec<GpuId>> = BTreeMap::new();
     let mut left: Vec<OfferedGpu> = Vec::new();
-    let location_of = |gpu: &GpuId| {
-        view.free
-            .iter()
-            .find(|offered| &offered.id == gpu)
-            .map(|offered| offered.location)
-    };
     for j in 0..types.count.len() {
         let mut pool: Vec<OfferedGpu> = view
             .free
@@ -162,18 +156,5 @@ pub(super) fn round(
         }
         left.extend(pool);
     }
-    let rest: Vec<Recipient> = order
-        .iter()
-        .map(|&i| {
-            let contender = &contenders[i];
-            let got = granted
-                .get(&contender.app.id)
-                .map_or(&[][..], Vec::as_slice);
-            contender.recipient_after(got, location_of)
-        })
-        .collect();
-    for (app, gpus) in hand_out_in_order(&mut left, &rest) {
-        granted.entry(app).or_default().extend(gpus);
-    }
-    granted
+    hand_out_the_rest(view, &order, &mut left, granted)
 }

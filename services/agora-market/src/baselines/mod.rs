@@ -15,7 +15,7 @@ mod shockwave;
 use crate::app::{App, AppId};
 use crate::auction::OfferedGpu;
 use crate::fairness::FairnessContext;
-use crate::leftover::Recipient;
+use crate::leftover::{hand_out_in_order, Recipient};
 use crate::policy::Policy;
 use crate::rho::RhoOld;
 use crate::time::Timestamp;
@@ -62,6 +62,37 @@ impl Contender<'_> {
             claimed: Vec::new(),
         }
     }
+}
+
+/// After a first pass that `granted` GPUs, hands what it left in `pool` to the contenders with
+/// unmet demand, in `order` (indices into `view.contenders`): no offered GPU stays idle while
+/// an app wants one. Returns the grants of both passes.
+fn hand_out_the_rest(
+    view: &RoundView,
+    order: &[usize],
+    pool: &mut Vec<OfferedGpu>,
+    mut granted: BTreeMap<AppId, Vec<GpuId>>,
+) -> BTreeMap<AppId, Vec<GpuId>> {
+    let location_of = |gpu: &GpuId| {
+        view.free
+            .iter()
+            .find(|offered| &offered.id == gpu)
+            .map(|offered| offered.location)
+    };
+    let rest: Vec<Recipient> = order
+        .iter()
+        .map(|&i| {
+            let contender = &view.contenders[i];
+            let got = granted
+                .get(&contender.app.id)
+                .map_or(&[][..], Vec::as_slice);
+            contender.recipient_after(got, location_of)
+        })
+        .collect();
+    for (app, gpus) in hand_out_in_order(pool, &rest) {
+        granted.entry(app).or_default().extend(gpus);
+    }
+    granted
 }
 
 /// What a baseline decides from.

@@ -36,7 +36,7 @@ use std::collections::BTreeMap;
 
 use highs::{Col, HighsModelStatus, RowProblem, Sense};
 
-use super::{Contender, RoundView};
+use super::{hand_out_the_rest, Contender, RoundView};
 use crate::app::{AppId, Job};
 use crate::fairness::rho;
 use crate::leftover::{hand_out_in_order, Recipient};
@@ -256,25 +256,6 @@ fn grant(
             }
         })
         .collect();
-    let mut granted = hand_out_in_order(&mut pool, &planned);
-    let location_of = |gpu: &GpuId| {
-        view.free
-            .iter()
-            .find(|offered| &offered.id == gpu)
-            .map(|offered| offered.location)
-    };
-    let rest: Vec<Recipient> = order
-        .iter()
-        .map(|&i| {
-            let contender = &contenders[i];
-            let got = granted
-                .get(&contender.app.id)
-                .map_or(&[][..], Vec::as_slice);
-            contender.recipient_after(got, location_of)
-        })
-        .collect();
-    for (app, gpus) in hand_out_in_order(&mut pool, &rest) {
-        granted.entry(app).or_default().extend(gpus);
-    }
-    granted
+    let granted = hand_out_in_order(&mut pool, &planned);
+    hand_out_the_rest(view, &order, &mut pool, granted)
 }
