@@ -163,12 +163,7 @@ impl GpuSpeeds {
         if throughput.is_empty() {
             return Self::UNIFORM;
         }
-        let slots = cluster
-            .gpus()
-            .map(|(_, gpu)| gpu.location.slot as usize + 1)
-            .max()
-            .unwrap_or(0);
-        let mut by_slot = vec![f64::INFINITY; slots];
+        let mut by_slot = unset_slots(cluster);
         for (_, gpu) in cluster.gpus() {
             let slot = &mut by_slot[gpu.location.slot as usize];
             *slot = slot.min(throughput.speed_on(&gpu.gpu_type));
@@ -181,12 +176,7 @@ impl GpuSpeeds {
     /// These speeds, each multiplied by `factor` of its GPU's machine (the speed an app's CPU
     /// and memory there give it, [`crate::resources`]).
     pub fn scaled_per_machine(&self, cluster: &Cluster, factor: impl Fn(u32) -> f64) -> Self {
-        let slots = cluster
-            .gpus()
-            .map(|(_, gpu)| gpu.location.slot as usize + 1)
-            .max()
-            .unwrap_or(0);
-        let mut by_slot = vec![f64::INFINITY; slots];
+        let mut by_slot = unset_slots(cluster);
         let mut factors = BTreeMap::new();
         for (_, gpu) in cluster.gpus() {
             let location = gpu.location;
@@ -248,6 +238,16 @@ impl GpuSpeeds {
     pub fn sort_fastest_first(&self, gpus: &mut [GpuLocation]) {
         gpus.sort_by(|a, b| self.at(*b).total_cmp(&self.at(*a)).then(a.cmp(b)));
     }
+}
+
+/// One speed per slot of `cluster`, each unset (infinite) until a GPU of the slot lowers it.
+fn unset_slots(cluster: &Cluster) -> Vec<f64> {
+    let slots = cluster
+        .gpus()
+        .map(|(_, gpu)| gpu.location.slot as usize + 1)
+        .max()
+        .unwrap_or(0);
+    vec![f64::INFINITY; slots]
 }
 
 #[cfg(test)]
