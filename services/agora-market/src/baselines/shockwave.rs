@@ -62,7 +62,7 @@ pub(super) fn allocate(view: &RoundView) -> BTreeMap<AppId, Vec<GpuId>> {
     let equal = (capacity / contenders.len()).max(1);
     let apps: Vec<WindowApp> = contenders
         .iter()
-        .map(|contender| WindowApp::of(contender, equal, capacity))
+        .map(|contender| WindowApp::of(contender, equal))
         .collect();
     let first_round = plan(&apps, capacity).unwrap_or_else(|| {
         apps.iter()
@@ -84,7 +84,7 @@ struct WindowApp {
 }
 
 impl WindowApp {
-    fn of(contender: &Contender, equal: usize, capacity: usize) -> Self {
+    fn of(contender: &Contender, equal: usize) -> Self {
         let held = contender.holds.len();
         let demand = held + contender.unmet_demand;
         let share = demand.min(equal).max(1);
@@ -94,7 +94,7 @@ impl WindowApp {
             .map_or(1.0, |rho| rho.get())
             .clamp(1e-3, 1e3);
         let lease = contender.lease_seconds;
-        let speeds = speed_profile(contender, share as f64 * lease, capacity);
+        let speeds = speed_profile(contender, share as f64 * lease);
         Self {
             held,
             demand,
@@ -108,7 +108,7 @@ impl WindowApp {
 /// its work, if it advanced `per_round` GPU-seconds each round: the speed of its job with the
 /// most work left, at the iteration that job would reach (the app's GPU time spread over its
 /// jobs in proportion to their work). 1 in every round for an app whose jobs keep one speed.
-fn speed_profile(contender: &Contender, per_round: f64, capacity: usize) -> Vec<f64> {
+fn speed_profile(contender: &Contender, per_round: f64) -> Vec<f64> {
     let app = contender.app;
     let total_work = app.remaining_work_gpu_seconds();
     let jobs = app.jobs();
@@ -121,7 +121,7 @@ fn speed_profile(contender: &Contender, per_round: f64, capacity: usize) -> Vec<
             };
             left(a).total_cmp(&left(b))
         });
-    let Some(job) = representative.filter(|_| total_work > 0.0 && capacity > 0) else {
+    let Some(job) = representative.filter(|_| total_work > 0.0) else {
         return vec![1.0; WINDOW_ROUNDS];
     };
     let from = job.completed_iterations as f64;
