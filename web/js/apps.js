@@ -63,11 +63,12 @@ async function renderDetail(detail, context, appId) {
     return;
   }
   const now = Date.now();
-  const [why, history, rounds, leases] = await Promise.all([
+  const [why, history, rounds, leases, { jobs }] = await Promise.all([
     get(`/v1/apps/${appId}/why`),
     get(`/v1/apps/${appId}/rho-history?range=1h`),
     roundsOf(detail, appId),
     get(`/v1/apps/${appId}/leases`),
+    get(`/v1/apps/${appId}`),
   ]);
   const openBids = new Set([...detail.querySelectorAll('details[open]')].map((node) => node.dataset.round));
   const rhoContainer = detail.querySelector('#rho-chart') ?? h('div', { class: 'chart', id: 'rho-chart', role: 'img' });
@@ -85,6 +86,7 @@ async function renderDetail(detail, context, appId) {
     h('p', { class: 'why', id: 'why' }, h('strong', {}, 'Why: '), why.explanation),
     h('p', { class: 'hint' }, 'ρ now: as the app stands at this moment, with the GPUs it holds. ρ at round start: '
       + 'as it stood when a round opened, which decided who was offered GPUs.'),
+    jobPhases(jobs),
     h('h3', {}, 'ρ at round start, over the last hour (longer ranges: History)'),
     rhoContainer,
     h('h3', {}, 'Leases (last 15 minutes)'),
@@ -99,6 +101,25 @@ async function renderDetail(detail, context, appId) {
     .filter((lease) => Date.parse(lease.end_at) > window.from);
   const gpus = [...new Set(recent.flatMap((lease) => lease.gpus))].sort();
   leaseGantt(leaseContainer, recent, gpus, appColour, window);
+}
+
+/**
+ * The speed phase of each job whose speed changes as it trains (batch-size scaling), declared
+ * or reported: phases counted from 1 for people (the API counts from 0). Nothing for an app
+ * whose jobs each keep one speed.
+ */
+function jobPhases(jobs) {
+  const adapting = jobs.filter((job) => job.phases > 1);
+  if (!adapting.length) return new DocumentFragment();
+  const next = (change) => (change ? `from iteration ${change.at_iteration}: ${change.serial_iteration_time} s` : 'none (last phase)');
+  const rows = adapting.map((job) => h('tr', { 'data-job': job.job },
+    h('td', {}, job.job),
+    h('td', {}, `${job.phase + 1} of ${job.phases}`),
+    h('td', { class: 'num' }, job.completed_iterations),
+    h('td', { class: 'num' }, `${job.serial_iteration_time} s`),
+    h('td', {}, next(job.next_change))));
+  return h('div', { class: 'table-wrap' }, table('Jobs whose speed changes as they train, and the phase each is in',
+    ['Job', 'Phase', 'Iterations done', 'Iteration time (1 GPU)', 'Next change'], rows, { id: 'app-job-phases' }));
 }
 
 /** The leases the app holds now, each GPU with its type (what the app's throughput prices). */

@@ -443,6 +443,38 @@ test('GPU tiles and machines show their GPU types, and an app its leased GPUs\' 
   await page.close();
 });
 
+test('an adapting job shows the phase of its speed it is in; jobs of one speed show none', async () => {
+  const page = await signedIn(tokens['demo-vision']);
+  const app = appsOf['demo-vision'][0];
+  // The demo's jobs keep one speed: the API says one phase each, and the page shows no phases.
+  const { jobs } = await api(`/v1/apps/${app.id}`, tokens['demo-vision']);
+  assert.ok(jobs.length && jobs.every((job) => job.phases === 1 && job.phase === 0 && job.next_change === null), JSON.stringify(jobs));
+  await page.goto(`${base}/#/apps/${app.id}`);
+  await page.locator('#app-detail h3', { hasText: app.name }).first().waitFor();
+  await page.locator('#why').waitFor();
+  assert.equal(await page.locator('#app-job-phases').count(), 0);
+
+  // One job in its second phase of three (it scaled its batch size once), one in its last, one
+  // of a single speed.
+  await answerWith(page, `/v1/apps/${app.id}`, (real) => ({ ...real, jobs: [
+    { job: 'trial-0', completed_iterations: 1300, phase: 1, phases: 3, serial_iteration_time: 0.3,
+      next_change: { at_iteration: 3000, serial_iteration_time: 0.25 } },
+    { job: 'trial-1', completed_iterations: 4000, phase: 2, phases: 3, serial_iteration_time: 0.25, next_change: null },
+    { job: 'trial-2', completed_iterations: 10, phase: 0, phases: 1, serial_iteration_time: 0.4, next_change: null }] }));
+  await page.goto(`${base}/#/rounds`);
+  await page.locator('#round-list').waitFor();
+  await page.goto(`${base}/#/apps/${app.id}`);
+  await page.locator('#app-job-phases tr[data-job="trial-0"]').waitFor();
+  const rows = await page.$$eval('#app-job-phases tbody tr', (trs) => trs.map((tr) => [...tr.cells].map((cell) => cell.textContent)));
+  assert.deepEqual(rows, [
+    ['trial-0', '2 of 3', '1300', '0.3 s', 'from iteration 3000: 0.25 s'],
+    ['trial-1', '3 of 3', '4000', '0.25 s', 'none (last phase)'],
+  ]);
+  await shot(page, 'apps-job-phases');
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
 test('each history range loads with a bounded payload', async () => {
   const page = await signedIn(tokens.admin);
   await page.goto(`${base}/#/history`);

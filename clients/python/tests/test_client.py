@@ -122,6 +122,30 @@ def test_throughput_reports_update_the_table_of_the_hosts_gpu_type(server: Serve
     assert rows == [{"gpu_type": "a100", "speed": 1.5}]
 
 
+def test_a_speed_change_replaces_the_schedule_from_its_iteration_and_shows_as_the_phase(
+    server: Server, tenant: Client
+) -> None:
+    declared = [models.SpeedChange(500, 0.3), models.SpeedChange(800, 0.2)]
+    job = models.Job("trial-0", 1_000, 0.5, speed_changes=declared)
+    app = tenant.register_app(models.RegisterApp(name="adaptive", app=models.SingleJob(job)))
+    assert app.jobs == (models.JobPhase("trial-0", 0, 0, 3, 0.5, models.SpeedChange(500, 0.3)),)
+    tenant.report_progress(app.id, [models.JobProgress("trial-0", 400)])
+    # It scaled its batch size at 400, earlier than declared: the changes from 400 on are dropped.
+    ack = tenant.report_speed_change(app.id, "trial-0", 400, 0.25)
+    assert ack.speed_changes == (models.SpeedChange(400, 0.25),)
+    assert ack.phase == models.JobPhase("trial-0", 400, 1, 2, 0.25, None)
+    assert tenant.get_app(app.id).jobs == (ack.phase,)
+    with pytest.raises(Unprocessable) as raised:
+        tenant.report_speed_change(app.id, "trial-0", 399, 0.2)
+    assert raised.value.code == "invalid_speed_change" and "at_iteration" in raised.value.detail
+    with pytest.raises(Unprocessable, match="serial_iteration_time"):
+        tenant.report_speed_change(app.id, "trial-0", 600, 0.0)
+    rows = server.query(
+        f"SELECT job, at_iteration, serial_iteration_time FROM speed_change_reports WHERE app_id = {app.id}"
+    )
+    assert rows == [{"job": "trial-0", "at_iteration": 400, "serial_iteration_time": 0.25}]
+
+
 def test_a_finished_app_refuses_progress_with_a_conflict(tenant: Client) -> None:
     app = tenant.register_app(sweep("finished"))
     tenant.finish_app(app.id)
@@ -229,6 +253,9 @@ def test_the_async_client_registers_follows_events_and_releases_leases(
             assert await agora.get_app(app.id) == app
             with pytest.raises(Unprocessable):
                 await agora.report_progress(app.id, [models.JobProgress("ghost", 1)])
+            ack = await agora.report_speed_change(app.id, "trial-0", 100, 0.4)
+            assert ack.speed_changes == (models.SpeedChange(100, 0.4),)
+            assert (ack.phase.phase, ack.phase.next_change) == (0, models.SpeedChange(100, 0.4))
             async with agora.lease_grants(app.id, poll_timeout_ms=5_000) as grants:
                 lease = await anext(aiter(grants))
             await agora.finish_app(app.id)

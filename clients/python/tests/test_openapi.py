@@ -24,6 +24,9 @@ MODELS = [
     models.Lease,
     models.ProgressAck,
     models.ThroughputAck,
+    models.SpeedChange,
+    models.JobPhase,
+    models.SpeedChangeAck,
     models.BidAck,
     models.DrainAck,
     models.RoundSummary,
@@ -32,10 +35,18 @@ MODELS = [
     models.RegisterApp,
     models.ProgressReport,
     models.ThroughputReport,
+    models.SpeedChangeReport,
     models.BidEntry,
     models.Bid,
 ]
-REQUESTS = {models.RegisterApp, models.ProgressReport, models.ThroughputReport, models.BidEntry, models.Bid}
+REQUESTS = {
+    models.RegisterApp,
+    models.ProgressReport,
+    models.ThroughputReport,
+    models.SpeedChangeReport,
+    models.BidEntry,
+    models.Bid,
+}
 DIFFERENT_ON_PURPOSE = {
     # Events read from the SSE stream carry no time (only the long poll's rows do).
     ("Event", "at"),
@@ -115,6 +126,7 @@ def calls() -> list[_api.Call[Any]]:
         _api.get_app(1),
         _api.report_progress(1, []),
         _api.report_throughput(1, "h100", 1.0),
+        _api.report_speed_change(1, "j", 1, 1.0),
         _api.finish_app(1),
         _api.app_leases(1),
         _api.why(1),

@@ -193,24 +193,29 @@ impl Job {
         Ok(())
     }
 
-    /// Seconds per iteration on one GPU at `iteration` (completed iterations, fractional in
-    /// the simulator): the speed of the phase it is in.
-    pub fn serial_iteration_time_at(&self, iteration: f64) -> f64 {
+    /// The phase the job is in at `iteration` (completed iterations, fractional in the
+    /// simulator): 0 before its first speed change, `i` from the `i`-th on. The next change is
+    /// `speed_changes[i]`, if there is one.
+    pub fn phase_at(&self, iteration: f64) -> usize {
         self.speed_changes
             .iter()
             .take_while(|change| change.at_iteration as f64 <= iteration)
-            .last()
-            .map_or(self.serial_iteration_time, |change| {
-                change.serial_iteration_time
-            })
+            .count()
+    }
+
+    /// Seconds per iteration on one GPU at `iteration`: the speed of the phase it is in.
+    pub fn serial_iteration_time_at(&self, iteration: f64) -> f64 {
+        match self.phase_at(iteration) {
+            0 => self.serial_iteration_time,
+            phase => self.speed_changes[phase - 1].serial_iteration_time,
+        }
     }
 
     /// The first iteration after `iteration` at which the job's speed changes.
     pub fn next_speed_change(&self, iteration: f64) -> Option<u64> {
         self.speed_changes
-            .iter()
+            .get(self.phase_at(iteration))
             .map(|change| change.at_iteration)
-            .find(|&at| at as f64 > iteration)
     }
 
     /// Seconds on one GPU to run iterations `from..to`, each at its phase's speed: the

@@ -1,9 +1,10 @@
 //! Progress reports from an app's HPO framework: iterations done, jobs stopped early, observed
-//! iteration times. They update the app so that its rho and bids follow what really happens.
+//! iteration times, and speed changes as they happen. They update the app so that its rho and
+//! bids follow what really happens.
 
 use serde::{Deserialize, Serialize};
 
-use crate::app::{App, AppKind, Job};
+use crate::app::{App, AppKind, Job, SpeedChange, MIN_ITERATION_SECONDS};
 use crate::topology::Locality;
 
 /// One job's progress, as a framework reports it.
@@ -45,6 +46,97 @@ pub enum ProgressError {
     TooManyIterations { job: String, after: u64, total: u64 },
     #[error("job {job:?}: an observation needs gpus > 0 and a finite seconds_per_iteration > 0")]
     InvalidObservation { job: String },
+}
+
+/// A job's speed changed, or is about to (its framework scaled the batch size): from iteration
+/// `at_iteration` on, an iteration of `job` takes `serial_iteration_time` seconds on one GPU, in
+/// the unit of the job's declared `speed_changes` (iterations of its first batch size).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!(
+    {"job": "trial-0", "at_iteration": 1200, "serial_iteration_time": 0.4})))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeedChangeReport {
+    pub job: String,
+    pub at_iteration: u64,
+    pub serial_iteration_time: f64,
+}
+
+/// A speed change the job cannot take; each message names the report's field.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SpeedChangeError {
+    #[error("job: the app has no job {0:?}; report only jobs it registered")]
+    UnknownJob(String),
+    #[error("job: {0:?} was stopped; only a running job changes speed")]
+    StoppedJob(String),
+    #[error(
+        "at_iteration: job {job:?} can change speed at iteration {earliest} at the earliest \
+         (the iterations it reported done ran at their speed, and iteration 0 runs at its \
+         serial_iteration_time), got {at}"
+    )]
+    BeforeProgress { job: String, at: u64, earliest: u64 },
+    #[error("at_iteration must be below job {job:?}'s total_iterations ({total}), got {at}")]
+    BeyondTotal { job: String, at: u64, total: u64 },
+    #[error(
+        "serial_iteration_time must be a finite number of seconds >= {min}, got {seconds}",
+        min = MIN_ITERATION_SECONDS
+    )]
+    InvalidTime { seconds: f64 },
+}
+
+impl Job {
+    /// Records a change reported as it happens. It is a measurement, and it replaces the
+    /// forecast from its iteration on: every change declared (or reported before) at or after
+    /// `at_iteration` is dropped, the earlier ones stay, and the job runs at the reported speed
+    /// until a later report says otherwise. The change may lie ahead of the job's reported
+    /// progress (then rho counts its restart pause), never behind it.
+    pub fn report_speed_change(&mut self, change: SpeedChange) -> Result<(), SpeedChangeError> {
+        let job = || self.id.clone();
+        if self.stopped {
+            return Err(SpeedChangeError::StoppedJob(job()));
+        }
+        let earliest = self.completed_iterations.max(1);
+        if change.at_iteration < earliest {
+            return Err(SpeedChangeError::BeforeProgress {
+                job: job(),
+                at: change.at_iteration,
+                earliest,
+            });
+        }
+        if change.at_iteration >= self.total_iterations {
+            return Err(SpeedChangeError::BeyondTotal {
+                job: job(),
+                at: change.at_iteration,
+                total: self.total_iterations,
+            });
+        }
+        let seconds = change.serial_iteration_time;
+        if !(seconds.is_finite() && seconds >= MIN_ITERATION_SECONDS) {
+            return Err(SpeedChangeError::InvalidTime { seconds });
+        }
+        self.speed_changes
+            .retain(|declared| declared.at_iteration < change.at_iteration);
+        self.speed_changes.push(change);
+        Ok(())
+    }
+}
+
+impl App {
+    /// Records `report` on its job ([`Job::report_speed_change`]); the app is unchanged if it
+    /// is refused. Returns the job after it.
+    pub fn report_speed_change(
+        &mut self,
+        report: &SpeedChangeReport,
+    ) -> Result<&Job, SpeedChangeError> {
+        let job = self
+            .job_mut(&report.job)
+            .ok_or_else(|| SpeedChangeError::UnknownJob(report.job.clone()))?;
+        job.report_speed_change(SpeedChange {
+            at_iteration: report.at_iteration,
+            serial_iteration_time: report.serial_iteration_time,
+        })?;
+        Ok(job)
+    }
 }
 
 impl App {

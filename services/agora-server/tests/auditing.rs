@@ -10,6 +10,7 @@ use agora_server::audit::replay_round;
 use agora_server::clock::Clock as _;
 use agora_server::demo::{Demo, DemoOptions};
 use agora_server::store::Store;
+use serde_json::json;
 use sqlx::postgres::PgRow;
 use sqlx::{Connection, PgConnection, Row};
 use support::{active, config, fresh_database, serve, start_clock, Changes, Service};
@@ -46,6 +47,17 @@ async fn history(service: &Service) {
             .wait_for_leases(token, app, |leases| active(leases).len() == 1)
             .await;
     }
+    // A framework scaled a job's batch size: the next round ranks its app by the new speed.
+    let change = json!({ "job": "j0", "at_iteration": 500, "serial_iteration_time": 0.5 });
+    let (status, body) = service
+        .call(
+            "POST",
+            &format!("/v1/apps/{resnet}/speed-changes"),
+            &vision,
+            Some(change),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
     // The first leases expire and the GPUs are auctioned again, now with every app holding
     // GPUs (so with a finite rho).
     service.clock.advance(Duration::from_secs(61));

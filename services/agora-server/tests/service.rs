@@ -1260,3 +1260,187 @@ async fn a_duplicate_app_name_is_refused_and_registrations_go_on_through_the_wri
     assert_eq!(apps, 3);
     service.running.stop().await;
 }
+
+/// A framework reports a job's speed change as it happens. The answer is the job's schedule
+/// after it; the app's rho moves with it at once; the app's JSON shows the job's phase; the SQL
+/// history keeps the report with its time and the first round that uses it, and that round
+/// replays exactly; the app's state carries the change across a restart; bad reports are 422
+/// naming the field, and another tenant's app is not found.
+#[actix_web::test]
+async fn a_reported_speed_change_is_used_from_the_next_round_and_survives_a_restart() {
+    let database = fresh_database().await;
+    let settings = config(&database);
+    let clock = start_clock();
+    let service = serve(&settings, clock.clone()).await;
+    let vision = service.tenant("vision").await;
+    // Declared: from iteration 5,000 the job doubles its batch size, 0.6 s an iteration.
+    let body = json!({ "name": "adaptive", "app": { "kind": "single_job", "job": {
+        "id": "j", "total_iterations": 10_000, "serial_iteration_time": 1.0, "max_gpus": 2,
+        "speed_changes": [{ "at_iteration": 5_000, "serial_iteration_time": 0.6 }] } } });
+    let (status, answer) = service.call("POST", "/v1/apps", &vision, Some(body)).await;
+    assert_eq!(status, 201, "{answer}");
+    let app = answer["id"].as_i64().expect("id");
+    assert_eq!(
+        answer["jobs"],
+        json!([{ "job": "j", "completed_iterations": 0, "phase": 0, "phases": 2,
+                 "serial_iteration_time": 1.0,
+                 "next_change": { "at_iteration": 5_000, "serial_iteration_time": 0.6 } }])
+    );
+    service
+        .wait_for_leases(&vision, app, |leases| active(leases).len() == 1)
+        .await;
+    let (status, body) = service
+        .call(
+            "POST",
+            &format!("/v1/apps/{app}/progress"),
+            &vision,
+            Some(json!({ "jobs": [{ "job": "j", "completed_iterations": 1_000 }] })),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let rho_now = || async {
+        let path = format!("/v1/apps/{app}/rho");
+        let (status, view) = service.call("POST", &path, &vision, Some(json!({}))).await;
+        assert_eq!(status, 200, "{view}");
+        view["rho"].as_f64().expect("it holds GPUs")
+    };
+    let forecast = rho_now().await;
+    let opened: i64 = sqlx::query_scalar("SELECT max(id) FROM rounds")
+        .fetch_one(service.running.store.pool())
+        .await
+        .expect("rounds");
+
+    // It doubled at iteration 1,000 instead, and runs at 0.5 s: the declared change is dropped.
+    let path = format!("/v1/apps/{app}/speed-changes");
+    let change = |job: &str, at: u64, seconds: f64| json!({ "job": job, "at_iteration": at, "serial_iteration_time": seconds });
+    let (status, answer) = service
+        .call("POST", &path, &vision, Some(change("j", 1_000, 0.5)))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let phase = json!({ "job": "j", "completed_iterations": 1_000, "phase": 1, "phases": 2,
+                        "serial_iteration_time": 0.5, "next_change": null });
+    assert_eq!(
+        answer,
+        json!({ "speed_changes": [{ "at_iteration": 1_000, "serial_iteration_time": 0.5 }],
+                "phase": phase })
+    );
+    let (_, shown) = service
+        .call("GET", &format!("/v1/apps/{app}"), &vision, None)
+        .await;
+    assert_eq!(shown["jobs"], json!([phase]));
+    let reported = rho_now().await;
+    assert!(
+        reported < forecast,
+        "9,000 iterations of 0.5 s instead of 4,000 of 1 s, a restart and 5,000 of 0.6 s: \
+         {reported} < {forecast}"
+    );
+
+    let bad = [
+        (change("nope", 2_000, 0.5), "invalid_speed_change", "job"),
+        (
+            change("j", 999, 0.5),
+            "invalid_speed_change",
+            "at_iteration",
+        ),
+        (
+            change("j", 10_000, 0.5),
+            "invalid_speed_change",
+            "at_iteration",
+        ),
+        (
+            change("j", 2_000, 0.0),
+            "invalid_speed_change",
+            "serial_iteration_time",
+        ),
+        (
+            change("j", 2_000, -1.0),
+            "invalid_speed_change",
+            "serial_iteration_time",
+        ),
+        (
+            json!({ "job": "j", "at_iteration": 2_000 }),
+            "invalid_body",
+            "serial_iteration_time",
+        ),
+        (
+            json!({ "job": "j", "at_iteration": -5, "serial_iteration_time": 0.5 }),
+            "invalid_body",
+            "`-5`, expected u64",
+        ),
+    ];
+    for (body, code, field) in bad {
+        let (status, answer) = service
+            .call("POST", &path, &vision, Some(body.clone()))
+            .await;
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (422, Some(code)),
+            "{body}: {answer}"
+        );
+        let detail = answer["detail"].as_str().expect("detail");
+        assert!(detail.contains(field), "{body}: {detail}");
+    }
+    let other = service.tenant("other").await;
+    let (status, answer) = service
+        .call("POST", &path, &other, Some(change("j", 2_000, 0.4)))
+        .await;
+    assert_eq!(status, 404, "another tenant's app is not found: {answer}");
+
+    let history: Vec<(String, i64, f64, i64, Value)> = sqlx::query_as(
+        "SELECT job, at_iteration, serial_iteration_time, first_round, speed_changes
+         FROM speed_change_reports WHERE app_id = $1 ORDER BY id",
+    )
+    .bind(app)
+    .fetch_all(service.running.store.pool())
+    .await
+    .expect("the history");
+    assert_eq!(
+        history,
+        vec![(
+            "j".to_owned(),
+            1_000,
+            0.5,
+            opened + 1,
+            json!([{ "at_iteration": 1_000, "serial_iteration_time": 0.5 }])
+        )],
+        "only the accepted report, with the next round to open"
+    );
+
+    // Leases last 60 s: the round that re-auctions the GPUs ranks the app by the reported
+    // speed, and replays exactly from what it stored.
+    clock.advance(Duration::from_secs(61));
+    service
+        .wait_for_leases(&vision, app, |leases| {
+            leases.len() == 2 && active(leases).len() == 1
+        })
+        .await;
+    let rounds: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM rounds WHERE id > $1 AND status = 'closed' ORDER BY id")
+            .bind(opened)
+            .fetch_all(service.running.store.pool())
+            .await
+            .expect("rounds");
+    assert!(!rounds.is_empty(), "a round after the report");
+    assert_replay_exactly(&service, rounds).await;
+    service.running.stop().await;
+
+    let restarted = serve(&settings, clock).await;
+    let (_, shown) = restarted
+        .call("GET", &format!("/v1/apps/{app}"), &vision, None)
+        .await;
+    assert_eq!(
+        shown["jobs"],
+        json!([phase]),
+        "the report was restored with the app"
+    );
+    let (status, answer) = restarted
+        .call("POST", &path, &vision, Some(change("j", 2_000, 0.4)))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["speed_changes"],
+        json!([{ "at_iteration": 1_000, "serial_iteration_time": 0.5 },
+               { "at_iteration": 2_000, "serial_iteration_time": 0.4 }])
+    );
+    restarted.running.stop().await;
+}

@@ -70,6 +70,14 @@ def report_throughput(app: int, gpu_type: str, speed: float) -> Call[models.Thro
     return Call("POST", f"{_app(app)}/throughput", models.ThroughputAck.from_json, body=body, replayable=True)
 
 
+def report_speed_change(
+    app: int, job: str, at_iteration: int, serial_iteration_time: float
+) -> Call[models.SpeedChangeAck]:
+    body = models.to_json(models.SpeedChangeReport(job, at_iteration, serial_iteration_time))
+    path = f"{_app(app)}/speed-changes"
+    return Call("POST", path, models.SpeedChangeAck.from_json, body=body, replayable=True)
+
+
 def finish_app(app: int) -> Call[None]:
     return Call("POST", f"{_app(app)}/finish", _nothing, replayable=True)
 

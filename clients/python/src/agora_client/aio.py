@@ -93,6 +93,11 @@ class AsyncClient:
     async def report_throughput(self, app: int, gpu_type: str, speed: float) -> models.ThroughputAck:
         return await self.send(_api.report_throughput(app, gpu_type, speed))
 
+    async def report_speed_change(
+        self, app: int, job: str, at_iteration: int, serial_iteration_time: float
+    ) -> models.SpeedChangeAck:
+        return await self.send(_api.report_speed_change(app, job, at_iteration, serial_iteration_time))
+
     async def finish_app(self, app: int) -> None:
         await self.send(_api.finish_app(app))
 

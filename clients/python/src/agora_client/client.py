@@ -110,6 +110,14 @@ class Client:
         that type's entry of its throughput table."""
         return self.send(_api.report_throughput(app, gpu_type, speed))
 
+    def report_speed_change(
+        self, app: int, job: str, at_iteration: int, serial_iteration_time: float
+    ) -> models.SpeedChangeAck:
+        """The job's speed changes (its batch size was scaled): from `at_iteration` on, an
+        iteration takes `serial_iteration_time` seconds on one GPU. Replaces the job's schedule
+        from that iteration on."""
+        return self.send(_api.report_speed_change(app, job, at_iteration, serial_iteration_time))
+
     def finish_app(self, app: int) -> None:
         """Ends the app: its leases are released and it stops bidding."""
         self.send(_api.finish_app(app))

@@ -73,6 +73,7 @@ class App:
     bidding: str
     arrived_at: datetime
     finished_at: datetime | None
+    jobs: tuple[JobPhase, ...]
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> App:
@@ -84,6 +85,63 @@ class App:
             bidding=body["bidding"],
             arrived_at=parse_time(body["arrived_at"]),
             finished_at=_optional_time(body["finished_at"]),
+            jobs=tuple(JobPhase.from_json(job) for job in body["jobs"]),
+        )
+
+
+@dataclass(frozen=True)
+class SpeedChange:
+    """From iteration `at_iteration` on, an iteration of the job takes `serial_iteration_time`
+    seconds on one GPU (iterations of its first batch size's samples)."""
+
+    SCHEMA: ClassVar[str] = "SpeedChange"
+    at_iteration: int
+    serial_iteration_time: float
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> SpeedChange:
+        return cls(at_iteration=body["at_iteration"], serial_iteration_time=body["serial_iteration_time"])
+
+
+@dataclass(frozen=True)
+class JobPhase:
+    """Where a job stands in its speed schedule: `phase` 0 before its first change, `i` from its
+    `i`-th on, of `phases`; `next_change` is None in the last phase."""
+
+    SCHEMA: ClassVar[str] = "JobPhase"
+    job: str
+    completed_iterations: int
+    phase: int
+    phases: int
+    serial_iteration_time: float
+    next_change: SpeedChange | None
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> JobPhase:
+        following = body["next_change"]
+        return cls(
+            job=body["job"],
+            completed_iterations=body["completed_iterations"],
+            phase=body["phase"],
+            phases=body["phases"],
+            serial_iteration_time=body["serial_iteration_time"],
+            next_change=None if following is None else SpeedChange.from_json(following),
+        )
+
+
+@dataclass(frozen=True)
+class SpeedChangeAck:
+    """The answer to a speed change: the job's schedule after it, and the phase it is in."""
+
+    SCHEMA: ClassVar[str] = "SpeedChangeAck"
+    speed_changes: tuple[SpeedChange, ...]
+    phase: JobPhase
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> SpeedChangeAck:
+        return cls(
+            speed_changes=tuple(SpeedChange.from_json(change) for change in body["speed_changes"]),
+            phase=JobPhase.from_json(body["phase"]),
         )
 
 
@@ -359,6 +417,8 @@ class Job:
     completed_iterations: int = 0
     slowdown: PlacementSlowdown | None = None
     stopped: bool = False
+    # How its speed changes as it trains (batch-size scaling), in increasing `at_iteration`.
+    speed_changes: list[SpeedChange] | None = None
 
 
 @dataclass(frozen=True)
@@ -452,6 +512,17 @@ class ThroughputReport:
     SCHEMA: ClassVar[str] = "ThroughputReport"
     gpu_type: str
     speed: float
+
+
+@dataclass(frozen=True)
+class SpeedChangeReport:
+    """The body of `POST /v1/apps/{app}/speed-changes`: from iteration `at_iteration` on, an
+    iteration of `job` takes `serial_iteration_time` seconds on one GPU."""
+
+    SCHEMA: ClassVar[str] = "SpeedChangeReport"
+    job: str
+    at_iteration: int
+    serial_iteration_time: float
 
 
 @dataclass(frozen=True)

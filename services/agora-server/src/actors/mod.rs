@@ -13,7 +13,7 @@ pub(crate) mod records;
 pub mod requests;
 
 use agora_market::auction::AuctionError;
-use agora_market::progress::ProgressError;
+use agora_market::progress::{ProgressError, SpeedChangeError};
 use agora_market::throughput::ThroughputReportError;
 
 use crate::store::StoreError;
@@ -40,6 +40,8 @@ pub enum ArbiterError {
     Progress(#[from] ProgressError),
     #[error("invalid throughput report: {0}")]
     Throughput(#[from] ThroughputReportError),
+    #[error("invalid speed change: {0}")]
+    SpeedChange(#[from] SpeedChangeError),
     #[error("round {0} does not exist")]
     UnknownRound(i64),
     #[error("round {0} no longer takes bids (its deadline passed); wait for the next offer")]

@@ -2,12 +2,13 @@
 //! admin), and the arbiter checks ownership again, whatever the API checked before.
 
 use actix::prelude::*;
+use agora_market::app::SpeedChange;
 use agora_market::app::{App, AppId, AppKind};
 use agora_market::auction::AppBid;
 use agora_market::lease::LeaseId;
 use agora_market::live::{Event, LiveError, Notice};
 use agora_market::market::{MarketError, Withdrawal};
-use agora_market::progress::JobProgress;
+use agora_market::progress::{JobProgress, SpeedChangeReport};
 use agora_market::throughput::{Throughput, ThroughputReport};
 use agora_market::time::Timestamp;
 use agora_market::topology::GpuIndex;
@@ -22,8 +23,8 @@ use super::records;
 use super::ArbiterError;
 use crate::clock::to_datetime;
 use crate::store::{
-    app_id, app_key, AppInsert, BidInsert, Commit, EventPayload, NewApp, NewBid, OperatorAction,
-    ProgressSample, RevocationNoticeEvent, ThroughputSample,
+    app_id, app_key, AppInsert, BidInsert, Commit, EventPayload, JobPhase, NewApp, NewBid,
+    OperatorAction, ProgressSample, RevocationNoticeEvent, SpeedChangeSample, ThroughputSample,
 };
 use crate::visibility::Caller;
 
@@ -302,6 +303,41 @@ impl Handler<ReportThroughput> for Arbiter {
     }
 }
 
+/// The answer to a speed change: the job's schedule after it, and where the job stands in it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(example = json!({"speed_changes": [{"at_iteration": 1200, "serial_iteration_time": 0.4}],
+    "phase": {"job": "trial-0", "completed_iterations": 1200, "phase": 1, "phases": 2,
+              "serial_iteration_time": 0.4, "next_change": null}}))]
+pub struct SpeedChangeAck {
+    /// Every change of the job's speed, declared or reported, which its rho and its agent's
+    /// bids use from the next round on.
+    pub speed_changes: Vec<SpeedChange>,
+    pub phase: JobPhase,
+}
+
+/// A framework's report that a job's speed changes (it scaled the batch size).
+#[derive(Debug, Message)]
+#[rtype(result = "Result<SpeedChangeAck, ArbiterError>")]
+pub struct ReportSpeedChange {
+    pub tenant: Option<i64>,
+    pub app: i64,
+    pub report: SpeedChangeReport,
+    /// The caller's span (the HTTP request's), which the arbiter's work joins.
+    pub span: tracing::Span,
+}
+
+impl Handler<ReportSpeedChange> for Arbiter {
+    type Result = Reply<SpeedChangeAck>;
+
+    fn handle(&mut self, request: ReportSpeedChange, ctx: &mut Self::Context) -> Self::Result {
+        let _span = request.span.clone().entered();
+        match self.stage_speed_change(&request) {
+            Ok((staged, commit, ack)) => self.commit(commit, staged, ctx, move |_, _| ack),
+            Err(error) => refuse(error),
+        }
+    }
+}
+
 impl Arbiter {
     /// The engine updates the app's table on a copy of the market; the commit stores the new
     /// table with the app's state and the report in `throughput_reports`.
@@ -333,6 +369,39 @@ impl Arbiter {
             throughput: serde_json::to_value(&table).map_err(internal)?,
         });
         Ok((Staged::market(next), commit, table))
+    }
+
+    /// The job takes the change on a copy of the market; the commit stores the app's state
+    /// and the report in `speed_change_reports`, with the first round that uses it: the next
+    /// to open (a round open now ranked the apps and asked for bids before it).
+    fn stage_speed_change(
+        &self,
+        request: &ReportSpeedChange,
+    ) -> Result<(Staged, Commit, SpeedChangeAck), ArbiterError> {
+        let id = self.authorize(request.tenant, request.app)?;
+        let mut next = self.market().clone();
+        let app = next
+            .app_mut(&id)
+            .ok_or(ArbiterError::AppNotActive(request.app))?;
+        let job = app.report_speed_change(&request.report)?;
+        let ack = SpeedChangeAck {
+            speed_changes: job.speed_changes.clone(),
+            phase: JobPhase::of(job),
+        };
+        let internal = |error: serde_json::Error| ArbiterError::Internal(error.to_string());
+        let state = serde_json::to_value(&app.kind).map_err(internal)?;
+        let mut commit = Commit::default();
+        commit.app_states.push((request.app, state));
+        commit.speed_change_reports.push(SpeedChangeSample {
+            app: request.app,
+            job: request.report.job.clone(),
+            first_round: self.live.next_round(),
+            // Below the job's total_iterations, which the jobs table holds as a bigint.
+            at_iteration: request.report.at_iteration as i64,
+            serial_iteration_time: request.report.serial_iteration_time,
+            speed_changes: serde_json::to_value(&ack.speed_changes).map_err(internal)?,
+        });
+        Ok((Staged::market(next), commit, ack))
     }
 
     /// The app leaves `next` (the staged market): its leases are released and it is recorded

@@ -1,9 +1,9 @@
-//! Apps: register, report progress and measured throughput, finish, leases, and "why did I
-//! get what I got".
+//! Apps: register, report progress, measured throughput and speed changes, finish, leases, and
+//! "why did I get what I got".
 
 use actix_web::{get, post, web, HttpResponse};
 use agora_market::app::AppKind;
-use agora_market::progress::JobProgress;
+use agora_market::progress::{JobProgress, SpeedChangeReport};
 use agora_market::throughput::{Throughput, ThroughputReport};
 use agora_protocol::Enforcement;
 use serde::{Deserialize, Serialize};
@@ -17,8 +17,8 @@ use super::problem::{ApiError, ErrorCode, Problem};
 use super::{authorized_app, owned_app, ApiState, Caller};
 use crate::actors::agent::Bidding;
 use crate::actors::requests::{
-    AppStanding, FinishApp, ProgressAck, RegisterApp, ReportProgress, ReportThroughput, RhoOf,
-    RhoView, StandingOf,
+    AppStanding, FinishApp, ProgressAck, RegisterApp, ReportProgress, ReportSpeedChange,
+    ReportThroughput, RhoOf, RhoView, SpeedChangeAck, StandingOf,
 };
 use crate::store::{AppRow, LeaseView};
 use crate::why::{round_sentence, RoundFacts};
@@ -184,6 +184,35 @@ pub async fn report_throughput(
         })
         .await??;
     Ok(HttpResponse::Ok().json(ThroughputAck { throughput }))
+}
+
+/// Report a change of a job's speed as it happens (its framework scaled the batch size): from
+/// iteration `at_iteration` on, an iteration takes `serial_iteration_time` seconds on one GPU.
+/// The report replaces the job's schedule from that iteration on (changes declared at or after
+/// it are dropped, earlier ones kept); rho and the agent's bids use it from the next round.
+#[utoipa::path(post, path = "/v1/apps/{app}/speed-changes", params(("app" = i64, Path)),
+    request_body = SpeedChangeReport,
+    responses((status = 200, body = SpeedChangeAck), (status = 409, body = Problem),
+        (status = 422, body = Problem)))]
+#[post("/v1/apps/{app}/speed-changes")]
+pub async fn report_speed_change(
+    state: web::Data<ApiState>,
+    caller: Caller,
+    app: web::Path<i64>,
+    body: Body<SpeedChangeReport>,
+) -> Result<HttpResponse, ApiError> {
+    owned_app(&state, caller, *app).await?;
+    let ack = state
+        .arbiter()
+        .await?
+        .send(ReportSpeedChange {
+            tenant: caller.tenant(),
+            app: *app,
+            report: body.into_inner(),
+            span: tracing::Span::current(),
+        })
+        .await??;
+    Ok(HttpResponse::Ok().json(ack))
 }
 
 /// The search is over: the app leaves the market and its leases are released.

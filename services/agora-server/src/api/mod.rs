@@ -238,6 +238,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .service(apps::get_app)
         .service(apps::report_progress)
         .service(apps::report_throughput)
+        .service(apps::report_speed_change)
         .service(apps::finish_app)
         .service(apps::app_leases)
         .service(apps::why)
@@ -314,6 +315,7 @@ fn query_error(error: QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
         apps::get_app,
         apps::report_progress,
         apps::report_throughput,
+        apps::report_speed_change,
         apps::finish_app,
         apps::app_leases,
         apps::why,

@@ -87,6 +87,10 @@ error_codes! {
     /// A throughput report for a GPU type the cluster does not have, or with a speed that is
     /// not finite and > 0.
     InvalidThroughput = "invalid_throughput", [422];
+    /// A speed change for a job the app does not have or that was stopped, at an iteration
+    /// behind the job's progress or not below its total, or with a time that is not a finite
+    /// number of seconds >= 1e-6.
+    InvalidSpeedChange = "invalid_speed_change", [422];
     /// A projected allocation with a GPU that is not in the cluster, or one listed twice.
     InvalidAllocation = "invalid_allocation", [422];
     InvalidRho = "invalid_rho", [422];
@@ -261,6 +265,7 @@ impl From<ArbiterError> for ApiError {
             E::InvalidApp(_) => C::InvalidApp,
             E::Progress(_) => C::InvalidProgress,
             E::Throughput(_) => C::InvalidThroughput,
+            E::SpeedChange(_) => C::InvalidSpeedChange,
             E::InvalidAllocation(_) => C::InvalidAllocation,
             E::UnknownRound(_) => C::UnknownRound,
             E::RoundClosed(_) => C::RoundClosed,

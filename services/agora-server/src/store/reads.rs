@@ -9,7 +9,9 @@ use serde_json::Value;
 use sqlx::postgres::PgListener;
 use utoipa::ToSchema;
 
-use super::{EventPayload, Store, StoreError};
+use agora_market::app::{App, AppKind, Job, SpeedChange};
+
+use super::{app_id, EventPayload, Store, StoreError};
 use crate::visibility::Caller;
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -21,6 +23,75 @@ pub struct AppRow {
     pub bidding: String,
     pub arrived_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// Each job and the phase of its speed it is in, as last reported.
+    pub jobs: Vec<JobPhase>,
+}
+
+impl AppRow {
+    fn with_state(row: AppRecord) -> Result<Self, StoreError> {
+        let kind: AppKind = serde_json::from_value(row.state).map_err(|error| {
+            StoreError::Corrupt(format!("the state of app {}: {error}", row.id))
+        })?;
+        let app = App {
+            id: app_id(row.id),
+            kind,
+        };
+        Ok(Self {
+            id: row.id,
+            tenant_id: row.tenant_id,
+            name: row.name,
+            kind: row.kind,
+            bidding: row.bidding,
+            arrived_at: row.arrived_at,
+            finished_at: row.finished_at,
+            jobs: app.jobs().into_iter().map(JobPhase::of).collect(),
+        })
+    }
+}
+
+/// An app as stored, its state still JSON.
+struct AppRecord {
+    id: i64,
+    tenant_id: i64,
+    name: String,
+    kind: String,
+    bidding: String,
+    arrived_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+    state: Value,
+}
+
+/// Where a job stands in its speed schedule (a job that never changes speed has one phase).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[schema(example = json!({"job": "trial-0", "completed_iterations": 1300, "phase": 1,
+    "phases": 3, "serial_iteration_time": 0.6,
+    "next_change": {"at_iteration": 2000, "serial_iteration_time": 0.4}}))]
+pub struct JobPhase {
+    pub job: String,
+    pub completed_iterations: u64,
+    /// 0 before the job's first speed change, `i` from its `i`-th on.
+    pub phase: usize,
+    /// How many phases its schedule has: 1 + its speed changes, declared or reported.
+    pub phases: usize,
+    /// Seconds per iteration on one GPU in this phase.
+    pub serial_iteration_time: f64,
+    /// The change that ends this phase; `null` in the last phase.
+    pub next_change: Option<SpeedChange>,
+}
+
+impl JobPhase {
+    pub fn of(job: &Job) -> Self {
+        let done = job.completed_iterations as f64;
+        let phase = job.phase_at(done);
+        Self {
+            job: job.id.clone(),
+            completed_iterations: job.completed_iterations,
+            phase,
+            phases: job.speed_changes.len() + 1,
+            serial_iteration_time: job.serial_iteration_time_at(done),
+            next_change: job.speed_changes.get(phase).copied(),
+        }
+    }
 }
 
 /// One audited operator action.
@@ -242,26 +313,32 @@ impl Store {
     }
 
     pub async fn app(&self, id: i64) -> Result<Option<AppRow>, StoreError> {
-        Ok(sqlx::query_as!(
-            AppRow,
-            "SELECT id, tenant_id, name, kind, bidding, arrived_at, finished_at FROM apps WHERE id = $1",
+        sqlx::query_as!(
+            AppRecord,
+            "SELECT id, tenant_id, name, kind, bidding, arrived_at, finished_at, state FROM apps
+             WHERE id = $1",
             id
         )
         .fetch_optional(&self.pool)
-        .await?)
+        .await?
+        .map(AppRow::with_state)
+        .transpose()
     }
 
-    /// The tenant's apps (`None`: every tenant's), finished ones included.
-    /// The apps `viewer` sees, by id.
+    /// The apps `viewer` sees (a tenant its own, the admin every tenant's), finished ones
+    /// included, by id.
     pub async fn apps_of(&self, viewer: Caller) -> Result<Vec<AppRow>, StoreError> {
-        Ok(sqlx::query_as!(
-            AppRow,
-            "SELECT id, tenant_id, name, kind, bidding, arrived_at, finished_at FROM apps
+        sqlx::query_as!(
+            AppRecord,
+            "SELECT id, tenant_id, name, kind, bidding, arrived_at, finished_at, state FROM apps
              WHERE $1::bigint IS NULL OR tenant_id = $1 ORDER BY id",
             viewer.tenant()
         )
         .fetch_all(&self.pool)
-        .await?)
+        .await?
+        .into_iter()
+        .map(AppRow::with_state)
+        .collect()
     }
 
     pub async fn leases_of(&self, app: i64) -> Result<Vec<LeaseView>, StoreError> {

@@ -187,6 +187,18 @@ pub struct ThroughputSample {
     pub throughput: Value,
 }
 
+/// A framework's report of a job's speed change, and the job's schedule after it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeedChangeSample {
+    pub app: i64,
+    pub job: String,
+    /// The first round whose rho and agent bids use it.
+    pub first_round: i64,
+    pub at_iteration: i64,
+    pub serial_iteration_time: f64,
+    pub speed_changes: Value,
+}
+
 /// An operator's drain or restore of a GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperatorAction {
@@ -212,6 +224,7 @@ pub struct Commit {
     pub app_states: Vec<(i64, Value)>,
     pub progress: Vec<ProgressSample>,
     pub throughput_reports: Vec<ThroughputSample>,
+    pub speed_change_reports: Vec<SpeedChangeSample>,
     pub finished_apps: Vec<i64>,
     /// Apps that joined the market, with the arrival it counts them from (their registration
     /// was stored a moment before, with the time it was asked for).
@@ -643,6 +656,22 @@ async fn write_app_changes(
             report.gpu_type,
             report.speed,
             report.throughput
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
+    for report in &commit.speed_change_reports {
+        sqlx::query!(
+            "INSERT INTO speed_change_reports (app_id, job, reported_at, first_round, at_iteration,
+                                               serial_iteration_time, speed_changes)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            report.app,
+            report.job,
+            to_datetime(now),
+            report.first_round,
+            report.at_iteration,
+            report.serial_iteration_time,
+            report.speed_changes
         )
         .execute(&mut **tx)
         .await?;
