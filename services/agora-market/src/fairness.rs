@@ -248,8 +248,9 @@ fn phase_time(
 /// type idle when its jobs finish no later without it. A job waits for its slowest GPU and
 /// [`job_widths`] shares GPUs by count, so two K80s given to a job that one V100 would run 8x
 /// faster slow the whole phase down. Each speed of `gpus` is tried as the floor, fastest
-/// first; the fastest floor with the shortest phase wins. One speed: that speed (nothing left
-/// out, nothing recomputed).
+/// first, among the floors that leave a GPU for every job (a GPU is never left idle while a
+/// job waits for one); the fastest floor with the shortest phase wins. One speed: that speed
+/// (nothing left out, nothing recomputed).
 pub fn slowest_useful_speed(
     jobs: &[JobInfo],
     gpus: &[GpuLocation],
@@ -271,8 +272,14 @@ pub fn slowest_useful_speed(
         )
         .0
     };
-    let mut best = (f64::INFINITY, floors[0]);
+    let slowest = floors[floors.len() - 1];
+    let mut best = (f64::INFINITY, slowest);
     for floor in floors {
+        let leaves_jobs_waiting =
+            floor > slowest && at_least(gpus, speeds, floor).len() < jobs.len();
+        if leaves_jobs_waiting {
+            continue;
+        }
         let time = time_with(floor);
         if time < best.0 {
             best = (time, floor);

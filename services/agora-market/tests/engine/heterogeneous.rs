@@ -208,24 +208,13 @@ fn two_types_three_apps_hand_checked() {
     }
 }
 
-/// Gavel's heterogeneity-aware FTF (`baselines/gavel.rs`) on the same cluster and apps, named
-/// in either order. Each app's T_id is 3x its time on 2 GPUs of its best type (the V100), so
-/// rho_i = 1 / (3 y_i), y_i = X_iV + c_i X_iK with c = 1/4, 1/2, 1 for A, B, C; both types
-/// have 2 GPUs and every demand is 2, so sum_i X_iV <= 1 and sum_i X_iK <= 1.
-///
-/// - By hand: maximise min y. The LP's optimum is y = 0.6 for all three with A on V100s
-///   (X_AV = 0.6), C on K80s (X_CK = 0.6) and B on both (X_BV = X_BK = 0.4), filling both
-///   types: the duals p_V = 0.4, p_K = 0.2 and weights 0.4, 0.4, 0.2 on A, B, C certify it
-///   (0.4 + 0.2 = 0.6; A on a K80 earns 0.4 / 4 < 0.2, C on a V100 0.2 < 0.4). Max rho 5/9.
-/// - Shares in GPUs: A 1.2 V100s; B 0.8 V100s and 0.8 K80s; C 1.2 K80s. B is furthest below
-///   its share (1.6) and takes ceil(0.8) = 1 V100 and 1 K80 first; A the other V100; C the
-///   other K80.
 /// The job model leaves a slower type idle only when the job finishes no later without it.
 /// One job of 1000 s (at the K80's speed 1), up to 2 GPUs, on one V100 and one K80:
 /// - 4x on the V100 (A): the V100 alone takes 250 s, both at the K80's pace 500 s: floor 4;
 /// - 2x (B): 500 s either way, the fastest floor wins the tie: floor 2;
 /// - 1.5x: the V100 alone takes 667 s, both 500 s: the K80 is used, floor 1;
-/// - the same speed on both (C): nothing to leave out, floor 1.
+/// - the same speed on both (C): nothing to leave out, floor 1;
+/// - two such jobs at 4x: the V100 alone would leave one waiting, so the K80 is used, floor 1.
 #[test]
 fn a_slower_type_is_left_idle_only_when_it_would_slow_the_job() {
     let cluster = two_types();
@@ -240,8 +229,24 @@ fn a_slower_type_is_left_idle_only_when_it_would_slow_the_job() {
             "V100 speed {v100}"
         );
     }
+    let app = app("a", table(1.0, 4.0));
+    let speeds = GpuSpeeds::of(app.throughput(), &cluster);
+    let two_jobs = [app.running_jobs(), app.running_jobs()].concat();
+    assert_eq!(slowest_useful_speed(&two_jobs, &pair, &speeds, 0.0), 1.0);
 }
 
+/// Gavel's heterogeneity-aware FTF (`baselines/gavel.rs`) on the same cluster and apps, named
+/// in either order. Each app's T_id is 3x its time on 2 GPUs of its best type (the V100), so
+/// rho_i = 1 / (3 y_i), y_i = X_iV + c_i X_iK with c = 1/4, 1/2, 1 for A, B, C; both types
+/// have 2 GPUs and every demand is 2, so sum_i X_iV <= 1 and sum_i X_iK <= 1.
+///
+/// - By hand: maximise min y. The LP's optimum is y = 0.6 for all three with A on V100s
+///   (X_AV = 0.6), C on K80s (X_CK = 0.6) and B on both (X_BV = X_BK = 0.4), filling both
+///   types: the duals p_V = 0.4, p_K = 0.2 and weights 0.4, 0.4, 0.2 on A, B, C certify it
+///   (0.4 + 0.2 = 0.6; A on a K80 earns 0.4 / 4 < 0.2, C on a V100 0.2 < 0.4). Max rho 5/9.
+/// - Shares in GPUs: A 1.2 V100s; B 0.8 V100s and 0.8 K80s; C 1.2 K80s. B is furthest below
+///   its share (1.6) and takes ceil(0.8) = 1 V100 and 1 K80 first; A the other V100; C the
+///   other K80.
 #[test]
 fn gavel_ftf_shares_the_types_by_speed_whatever_the_names() {
     for [a, b, c] in [["a", "b", "c"], ["z", "y", "x"]] {
