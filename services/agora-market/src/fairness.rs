@@ -231,12 +231,77 @@ pub fn job_widths(work: &[f64], max_gpus: &[u32], gpu_count: usize) -> Vec<usize
     widths
 }
 
+/// Time for `jobs` to all finish on `gpus`, and the GPUs they use: on the GPUs of every speed
+/// down to [`slowest_useful_speed`] (all of them when the app has one speed on them all).
+fn phase_time(
+    jobs: &[JobInfo],
+    gpus: &[GpuLocation],
+    speeds: &GpuSpeeds,
+    restart_pause_seconds: f64,
+) -> (f64, Vec<GpuLocation>) {
+    let floor = slowest_useful_speed(jobs, gpus, speeds, restart_pause_seconds);
+    let useful = at_least(gpus, speeds, floor);
+    phase_time_on(jobs, &useful, speeds, restart_pause_seconds)
+}
+
+/// The slowest GPU speed worth using for `jobs` on `gpus`: the app's scheduler leaves a slower
+/// type idle when its jobs finish no later without it. A job waits for its slowest GPU and
+/// [`job_widths`] shares GPUs by count, so two K80s given to a job that one V100 would run 8x
+/// faster slow the whole phase down. Each speed of `gpus` is tried as the floor, fastest
+/// first, among the floors that leave a GPU for every job (a GPU is never left idle while a
+/// job waits for one); the fastest floor with the shortest phase wins. One speed: that speed
+/// (nothing left out, nothing recomputed).
+pub fn slowest_useful_speed(
+    jobs: &[JobInfo],
+    gpus: &[GpuLocation],
+    speeds: &GpuSpeeds,
+    restart_pause_seconds: f64,
+) -> f64 {
+    let mut floors: Vec<f64> = gpus.iter().map(|&gpu| speeds.at(gpu)).collect();
+    floors.sort_by(|a, b| b.total_cmp(a));
+    floors.dedup();
+    if floors.len() < 2 {
+        return floors.first().copied().unwrap_or(1.0);
+    }
+    let time_with = |floor: f64| {
+        phase_time_on(
+            jobs,
+            &at_least(gpus, speeds, floor),
+            speeds,
+            restart_pause_seconds,
+        )
+        .0
+    };
+    let slowest = floors[floors.len() - 1];
+    let mut best = (f64::INFINITY, slowest);
+    for floor in floors {
+        let leaves_jobs_waiting =
+            floor > slowest && at_least(gpus, speeds, floor).len() < jobs.len();
+        if leaves_jobs_waiting {
+            continue;
+        }
+        let time = time_with(floor);
+        if time < best.0 {
+            best = (time, floor);
+        }
+    }
+    best.1
+}
+
+/// The GPUs of `gpus` at `floor` speed or faster, in their order.
+fn at_least(gpus: &[GpuLocation], speeds: &GpuSpeeds, floor: f64) -> Vec<GpuLocation> {
+    gpus.iter()
+        .copied()
+        .filter(|&gpu| speeds.at(gpu) >= floor)
+        .collect()
+}
+
 /// Time for `jobs` to all finish on `ordered` (GPUs in topology order; the phase ends when its
 /// slowest job does), with the GPUs shared as [`job_widths`] does, and the GPUs the jobs use.
 /// With fewer GPUs than jobs the waiting jobs queue for the GPUs: longest job first onto the
 /// least-loaded GPU, as the §4.3.3 example schedules them. A job runs at the speed of the
 /// slowest GPU of its share, and pauses `restart_pause_seconds` at each speed change ahead.
-fn phase_time(
+fn phase_time_on(
     jobs: &[JobInfo],
     ordered: &[GpuLocation],
     speeds: &GpuSpeeds,

@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use agora_market::app::{App, AppId, AppKind, Job, PlacementSlowdown, SuccessiveHalving};
-use agora_market::fairness::{job_widths, place_widths, plan_time, ContentionTracker, Lifetime};
+use agora_market::fairness::{
+    job_widths, place_widths, plan_time, slowest_useful_speed, ContentionTracker, Lifetime,
+};
 use agora_market::market::{Market, MarketConfig, MarketError};
 use agora_market::throughput::{gpu_types, GpuSpeeds};
 use agora_market::time::Timestamp;
@@ -629,7 +631,28 @@ impl<'a> World<'a> {
                     }
                 })
                 .collect();
-            let placed = place_jobs(&plans, &app.gpus, cluster, &app.speeds, pause.as_secs_f64());
+            // Slower types that would only slow its jobs down stay idle, as the job model
+            // plans; a job already running on one keeps it rather than pause to move.
+            let locations: Vec<GpuLocation> =
+                app.gpus.iter().map(|&gpu| cluster.location(gpu)).collect();
+            let floor = slowest_useful_speed(
+                &app.truth.running_jobs(),
+                &locations,
+                &app.speeds,
+                pause.as_secs_f64(),
+            );
+            let running: BTreeSet<GpuIndex> = running_jobs(&app.truth)
+                .flat_map(|job| app.jobs[&job.id].gpus.iter().copied())
+                .collect();
+            let useful: Vec<GpuIndex> = app
+                .gpus
+                .iter()
+                .copied()
+                .filter(|gpu| {
+                    running.contains(gpu) || app.speeds.at(cluster.location(*gpu)) >= floor
+                })
+                .collect();
+            let placed = place_jobs(&plans, &useful, cluster, &app.speeds, pause.as_secs_f64());
             let ids: Vec<String> = running_jobs(&app.truth).map(|job| job.id.clone()).collect();
             for (job, assigned) in ids.iter().zip(placed) {
                 let running = app.jobs.get_mut(job).expect("every job is tracked");

@@ -3,9 +3,10 @@
 
 use agora_market::app::{App, AppKind, PlacementSlowdown};
 use agora_market::auction::AppBid;
+use agora_market::fairness::slowest_useful_speed;
 use agora_market::market::{Market, MarketConfig, MarketError};
 use agora_market::policy::Policy;
-use agora_market::throughput::{Throughput, ThroughputReport};
+use agora_market::throughput::{GpuSpeeds, Throughput, ThroughputReport};
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, Gpu, GpuId, GpuIndex, GpuLocation};
 
@@ -73,8 +74,10 @@ fn v100s_and_k80s(market: &Market, app: &str) -> (usize, usize) {
 /// - T_cluster (each alone, on its 2 fastest GPUs): A 1000 / 2 / 4 = 125 s, B 250 s, C 500 s;
 ///   N_avg = 3, so T_id = 375, 750 and 1500 s.
 /// - rho = remaining / T_id: A on one V100 250 / 375 = 2/3, on one K80 1000 / 375 = 8/3, on
-///   both V100s 1/3, on both K80s 4/3, on a V100 and a K80 (the K80's pace) 4/3; B 2/3, 4/3,
-///   1/3, 2/3, 2/3; C 2/3 on any one GPU and 1/3 on any two.
+///   both V100s 1/3, on both K80s 4/3, on a V100 and a K80 2/3 (both at the K80's pace would
+///   take 500 s, so its scheduler leaves the K80 idle and runs 250 s on the V100); B 2/3, 4/3,
+///   1/3, 2/3, 2/3 (500 s either way: the fastest floor, the V100 alone); C 2/3 on any one
+///   GPU and 1/3 on any two.
 /// - Bids (an entry must beat every smaller bundle): A {1 V100: 2/3, 1 K80: 8/3, 2 V100: 1/3},
 ///   B {1 V100: 2/3, 1 K80: 4/3, 2 V100: 1/3} (2 K80 at 2/3 is no better than one V100), C
 ///   {1 GPU of either type: 2/3, 2 GPUs of either type: 1/3}.
@@ -118,7 +121,7 @@ fn two_types_three_apps_hand_checked() {
     let expected = [
         (
             "a",
-            [2.0 * third, 8.0 * third, third, 4.0 * third, 4.0 * third],
+            [2.0 * third, 8.0 * third, third, 4.0 * third, 2.0 * third],
         ),
         (
             "b",
@@ -203,6 +206,33 @@ fn two_types_three_apps_hand_checked() {
             .get();
         assert!((current - value).abs() < 1e-12, "{app}: {current}");
     }
+}
+
+/// The job model leaves a slower type idle only when the job finishes no later without it.
+/// One job of 1000 s (at the K80's speed 1), up to 2 GPUs, on one V100 and one K80:
+/// - 4x on the V100 (A): the V100 alone takes 250 s, both at the K80's pace 500 s: floor 4;
+/// - 2x (B): 500 s either way, the fastest floor wins the tie: floor 2;
+/// - 1.5x: the V100 alone takes 667 s, both 500 s: the K80 is used, floor 1;
+/// - the same speed on both (C): nothing to leave out, floor 1;
+/// - two such jobs at 4x: the V100 alone would leave one waiting, so the K80 is used, floor 1.
+#[test]
+fn a_slower_type_is_left_idle_only_when_it_would_slow_the_job() {
+    let cluster = two_types();
+    let (v0, k0) = (GpuIndex(0), GpuIndex(2));
+    let pair = [cluster.location(v0), cluster.location(k0)];
+    for (v100, floor) in [(4.0, 4.0), (2.0, 2.0), (1.5, 1.0), (1.0, 1.0)] {
+        let app = app("a", table(1.0, v100));
+        let speeds = GpuSpeeds::of(app.throughput(), &cluster);
+        assert_eq!(
+            slowest_useful_speed(&app.running_jobs(), &pair, &speeds, 0.0),
+            floor,
+            "V100 speed {v100}"
+        );
+    }
+    let app = app("a", table(1.0, 4.0));
+    let speeds = GpuSpeeds::of(app.throughput(), &cluster);
+    let two_jobs = [app.running_jobs(), app.running_jobs()].concat();
+    assert_eq!(slowest_useful_speed(&two_jobs, &pair, &speeds, 0.0), 1.0);
 }
 
 /// Gavel's heterogeneity-aware FTF (`baselines/gavel.rs`) on the same cluster and apps, named
