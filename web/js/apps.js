@@ -122,16 +122,29 @@ function jobPhases(jobs) {
     ['Job', 'Phase', 'Iterations done', 'Iteration time (1 GPU)', 'Next change'], rows, { id: 'app-job-phases' }));
 }
 
-/** The leases the app holds now, each GPU with its type (what the app's throughput prices). */
+/**
+ * The leases the app holds now, each GPU with its type (what the app's throughput prices), and
+ * the CPU cores and host memory that come with the lease (– where the hosts do not model them).
+ */
 function activeLeases(leases) {
   const active = leases.filter((lease) => lease.state === 'active');
   if (!active.length) return h('p', { id: 'app-active-leases' }, 'It holds no lease now.');
   const rows = active.map((lease) => h('tr', { 'data-lease': lease.id },
     h('td', {}, `#${lease.id}`),
     h('td', {}, lease.gpus.map((gpu) => `${gpu.id} (${gpu.gpu_type})`).join(', ')),
+    h('td', {}, leaseResources(lease)),
     h('td', {}, time(lease.end_at))));
-  return h('div', { class: 'table-wrap' }, table('Leases held now, with each GPU\'s type',
-    ['Lease', 'GPUs (type)', 'Ends'], rows, { id: 'app-active-leases' }));
+  return h('div', { class: 'table-wrap' }, table('Leases held now, with each GPU\'s type and the CPUs and memory that come with them',
+    ['Lease', 'GPUs (type)', 'CPUs · memory', 'Ends'], rows, { id: 'app-active-leases' }));
+}
+
+/** `12 CPUs · 32 GiB`, one decimal at most; a resource the hosts do not model is left out. */
+function leaseResources(lease) {
+  const amount = (value) => String(Math.round(value * 10) / 10);
+  const parts = [];
+  if (lease.cpus != null) parts.push(`${amount(lease.cpus)} CPUs`);
+  if (lease.memory_gib != null) parts.push(`${amount(lease.memory_gib)} GiB`);
+  return parts.length ? parts.join(' · ') : '–';
 }
 
 /**

@@ -434,11 +434,17 @@ test('GPU tiles and machines show their GPU types, and an app its leased GPUs\' 
   const end = new Date(Date.now() + 60_000).toISOString();
   const typed = [{ id: 'GPU-h0', host: 'node-a', cuda_uuid: 'GPU-h0', gpu_type: 'h100' }, { id: 'GPU-v0', host: 'node-b', cuda_uuid: 'GPU-v0', gpu_type: 'v100' }];
   await answerWith(page, `/v1/apps/${app.id}/leases`, () => [{ id: 77, app_id: app.id, round_id: 1, gpus: typed,
-    start_at: new Date().toISOString(), end_at: end, state: 'active', ended_at: null }]);
+    start_at: new Date().toISOString(), end_at: end, state: 'active', ended_at: null, cpus: 12.25, memory_gib: 32 },
+  { id: 78, app_id: app.id, round_id: 1, gpus: typed.slice(0, 1), start_at: new Date().toISOString(), end_at: end,
+    state: 'active', ended_at: null, cpus: null, memory_gib: null }]);
   await page.goto(`${base}/#/apps/${app.id}`);
   const row = page.locator('#app-active-leases tr[data-lease="77"] > td');
   await row.first().waitFor();
-  assert.equal((await row.allTextContents())[1], 'GPU-h0 (h100), GPU-v0 (v100)');
+  const cells = await row.allTextContents();
+  assert.equal(cells[1], 'GPU-h0 (h100), GPU-v0 (v100)');
+  // The CPUs and memory that come with the lease; none where the hosts do not model them.
+  assert.equal(cells[2], '12.3 CPUs · 32 GiB');
+  assert.equal((await page.locator('#app-active-leases tr[data-lease="78"] > td').allTextContents())[2], '–');
   assert.deepEqual(page.errors, []);
   await page.close();
 });

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::resources::MachineResources;
 use crate::topology::{Cluster, Gpu, GpuId, GpuLocation};
 
 /// One GPU of a registering host.
@@ -18,12 +19,14 @@ pub struct HostGpu {
     pub slot: u32,
 }
 
-/// A host registering: its name, its rack's name and its GPUs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A host registering: its name, its rack's name, its GPUs, and the CPU cores and memory it
+/// has (each `None` where the host does not say: not modelled on its machine).
+#[derive(Debug, Clone, PartialEq)]
 pub struct HostSpec {
     pub name: String,
     pub rack: String,
     pub gpus: Vec<HostGpu>,
+    pub resources: MachineResources,
 }
 
 /// A registered host.
@@ -224,6 +227,7 @@ mod tests {
                     slot,
                 })
                 .collect(),
+            resources: MachineResources::default(),
         }
     }
 

@@ -27,7 +27,9 @@ use crate::hosts::{Host, HostDirectory, HostSpec};
 use crate::lease::{Lease, LeaseBook, LeaseId};
 use crate::leftover::{LeftoverPolicy, Recipient};
 use crate::policy::Policy;
-use crate::resources::{MachineTenants, ResourceAllocation, ResourceSplit};
+use crate::resources::{
+    proportional_share, MachineResources, MachineTenants, ResourceAllocation, ResourceSplit,
+};
 use crate::rho::RhoOld;
 use crate::round::{
     decide_round, decide_with, merge, offered_subset, Grants, RoundDecision, RoundInputs,
@@ -399,6 +401,42 @@ impl Market {
         Ok(app.throughput())
     }
 
+    /// After a restart, once apps and leases are restored: divides the machines' CPUs and
+    /// memory among the apps holding their GPUs, as a round's grants would.
+    pub fn restore_resource_split(&mut self) {
+        self.divide_resources();
+    }
+
+    /// The CPUs and memory that come with `lease` on each machine it holds GPUs on: its app's
+    /// share there divided among the app's leases by GPUs, or, where no round divided the
+    /// machine since its app holds GPUs there (a host that started reporting its resources
+    /// since), the GPUs' fraction of the machine. Unmodelled machines give `None`s.
+    pub fn lease_resources(&self, lease: &Lease) -> BTreeMap<u32, MachineResources> {
+        let mut gpus_on: BTreeMap<u32, u32> = BTreeMap::new();
+        for &gpu in &lease.gpus {
+            *gpus_on
+                .entry(self.cluster.location(gpu).machine)
+                .or_insert(0) += 1;
+        }
+        let gpus_per_machine = self.cluster.gpus_per_machine();
+        gpus_on
+            .into_iter()
+            .map(|(machine, gpus)| {
+                let part = self
+                    .resource_split
+                    .part_for_gpus(&lease.app, machine, gpus)
+                    .unwrap_or_else(|| {
+                        proportional_share(
+                            &self.cluster.machine_resources(machine),
+                            gpus_per_machine[&machine],
+                            gpus,
+                        )
+                    });
+                (machine, part)
+            })
+            .collect()
+    }
+
     /// Divides every machine's CPUs and memory among the apps holding its GPUs now (by the
     /// configured [`ResourceAllocation`]); a machine whose holders are unchanged keeps its split.
     fn divide_resources(&mut self) {
@@ -721,6 +759,7 @@ impl Market {
         let placement = self.hosts.place(&self.cluster, spec)?;
         let mut cluster = Cluster::clone(&self.cluster);
         let added = cluster.extend(placement.new_gpus)?;
+        cluster.set_machine_resources(placement.host.machine, spec.resources);
         let mut hosts = self.hosts.clone();
         hosts.insert(placement.host.clone(), &cluster)?;
         self.cluster = Arc::new(cluster);

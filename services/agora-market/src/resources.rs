@@ -282,7 +282,7 @@ pub struct Share {
 }
 
 /// `gpus` GPUs' fraction of `machine` (of `machine_gpus` GPUs).
-fn proportional_share(
+pub fn proportional_share(
     machine: &MachineResources,
     machine_gpus: u32,
     gpus: u32,
@@ -572,6 +572,7 @@ impl<K> Default for ResourceSplit<K> {
 
 #[derive(Debug, Clone, PartialEq)]
 struct MachineSplit<K> {
+    resources: MachineResources,
     tenants: Vec<(K, u32, Sensitivity)>,
     shares: Vec<Share>,
 }
@@ -585,9 +586,9 @@ pub struct MachineTenants<'a, K> {
 }
 
 impl<K: Ord + Clone> ResourceSplit<K> {
-    /// Divides each machine among its tenants ([`split_machine`]). A machine whose tenants,
-    /// their GPUs and profiles are those of `previous` keeps its split: the programs run only
-    /// where something changed.
+    /// Divides each machine among its tenants ([`split_machine`]). A machine whose resources,
+    /// tenants, their GPUs and profiles are those of `previous` keeps its split: the programs
+    /// run only where something changed.
     pub fn divide(
         machines: BTreeMap<u32, MachineTenants<'_, K>>,
         allocation: ResourceAllocation,
@@ -602,10 +603,9 @@ impl<K: Ord + Clone> ResourceSplit<K> {
                     .iter()
                     .map(|(key, gpus, profile)| (key.clone(), *gpus, (*profile).clone()))
                     .collect();
-                let kept = previous
-                    .machines
-                    .get(&number)
-                    .filter(|split| split.tenants == tenants);
+                let kept = previous.machines.get(&number).filter(|split| {
+                    split.resources == machine.resources && split.tenants == tenants
+                });
                 let split = kept.cloned().unwrap_or_else(|| {
                     let holders: Vec<Tenant> = machine
                         .tenants
@@ -613,6 +613,7 @@ impl<K: Ord + Clone> ResourceSplit<K> {
                         .map(|&(_, gpus, sensitivity)| Tenant { gpus, sensitivity })
                         .collect();
                     MachineSplit {
+                        resources: machine.resources,
                         shares: split_machine(
                             &machine.resources,
                             machine.gpus,
@@ -636,6 +637,23 @@ impl<K: Ord + Clone> ResourceSplit<K> {
             .iter()
             .position(|(tenant, ..)| tenant == key)?;
         Some(split.shares[position])
+    }
+
+    /// The part of `key`'s share on `machine` that goes with `gpus` of the GPUs it held there
+    /// when the machine was divided: in proportion to GPUs (how a holder's share is divided
+    /// among its leases).
+    pub fn part_for_gpus(&self, key: &K, machine: u32, gpus: u32) -> Option<MachineResources> {
+        let split = self.machines.get(&machine)?;
+        let position = split
+            .tenants
+            .iter()
+            .position(|(tenant, ..)| tenant == key)?;
+        let fraction = f64::from(gpus) / f64::from(split.tenants[position].1);
+        let share = split.shares[position];
+        Some(MachineResources {
+            cpus: share.cpus.map(|cpus| cpus * fraction),
+            memory_gib: share.memory_gib.map(|memory| memory * fraction),
+        })
     }
 }
 

@@ -289,6 +289,16 @@ impl Cluster {
             .unwrap_or_default()
     }
 
+    /// Sets what `machine` has besides GPUs (a host reporting it); an unmodelled value makes the
+    /// machine unmodelled again.
+    pub fn set_machine_resources(&mut self, machine: u32, resources: MachineResources) {
+        if resources.is_unmodelled() {
+            self.machine_resources.remove(&machine);
+        } else {
+            self.machine_resources.insert(machine, resources);
+        }
+    }
+
     /// Whether any machine gives its CPU cores or memory.
     pub fn models_resources(&self) -> bool {
         !self.machine_resources.is_empty()

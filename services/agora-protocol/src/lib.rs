@@ -34,6 +34,14 @@ pub struct HostRegistration {
     pub links: Vec<GpuLink>,
     /// `agora worker`'s version, for operators.
     pub worker_version: String,
+    /// The host's CPU cores (logical CPUs), which the arbiter divides among the apps holding
+    /// its GPUs; absent: CPUs are not modelled on this host (and from older workers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    /// The host's memory (RAM, not GPU memory) in GiB, divided like its CPUs; absent: not
+    /// modelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gib: Option<f64>,
 }
 
 /// One GPU as NVML describes it.
@@ -248,6 +256,14 @@ pub struct HostLease {
     /// SIGTERM goes out this long before `end_at`, SIGKILL at `end_at`.
     pub grace_seconds: u64,
     pub enforcement: Enforcement,
+    /// The CPU cores that come with the lease on this host (its app's share of the host,
+    /// divided among its leases there by GPUs; fractional); `None` where the host's CPUs are
+    /// not modelled. May change from one round to the next.
+    #[serde(default)]
+    pub cpus: Option<f64>,
+    /// The host memory in GiB that comes with the lease on this host, like `cpus`.
+    #[serde(default)]
+    pub memory_gib: Option<f64>,
 }
 
 /// How the host enforces a lease; the app chooses when it registers.

@@ -16,6 +16,7 @@ use agora_market::cluster_file::{parse_cluster, ClusterFileError};
 use agora_market::hosts::Host;
 use agora_market::lease::{Lease, LeaseId, LeaseState};
 use agora_market::market::{Market, RecordedApp, RoundOffer, Standing, Withdrawal};
+use agora_market::resources::MachineResources;
 use agora_market::rho::Rho;
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, Gpu, GpuId, GpuIndex, GpuLocation};
@@ -31,7 +32,7 @@ use crate::clock::{from_datetime, Clock};
 use crate::config::{GpuSource, ServerConfig};
 use crate::leadership::{LeaderLock, Leadership};
 use crate::notices::Notices;
-use crate::store::{app_id, Store, StoredBid, StoredRound, StoredWorkerGpu};
+use crate::store::{app_id, Store, StoredBid, StoredHost, StoredRound, StoredWorkerGpu};
 
 /// A started service: leading, or a standby waiting to take over.
 #[derive(Debug)]
@@ -282,7 +283,9 @@ async fn load_cluster(config: &ServerConfig, store: &Store) -> anyhow::Result<Cl
             store.sync_fleet(&cluster).await?;
             Ok(cluster)
         }
-        GpuSource::Workers => worker_cluster(&store.worker_gpus().await?),
+        GpuSource::Workers => {
+            worker_cluster(&store.worker_gpus().await?, &store.worker_hosts().await?)
+        }
     }
 }
 
@@ -366,6 +369,7 @@ async fn restore(
             ended_at: None,
         })?;
     }
+    market.restore_resource_split();
     for lease in store.claimed_leases().await? {
         let gpus = gpu_indices(market.cluster(), &lease.gpus)?;
         market.restore_claim(app_id(lease.app_id), gpus)?;
@@ -399,8 +403,9 @@ async fn restore(
     })
 }
 
-/// The cluster the registered GPU hosts form, as stored.
-fn worker_cluster(gpus: &[StoredWorkerGpu]) -> anyhow::Result<Cluster> {
+/// The cluster the registered GPU hosts form, as stored, with the CPUs and memory they
+/// reported.
+fn worker_cluster(gpus: &[StoredWorkerGpu], hosts: &[StoredHost]) -> anyhow::Result<Cluster> {
     let gpus = gpus
         .iter()
         .map(|gpu| Gpu {
@@ -413,7 +418,15 @@ fn worker_cluster(gpus: &[StoredWorkerGpu]) -> anyhow::Result<Cluster> {
             },
         })
         .collect();
-    Cluster::new(gpus).context("the GPU hosts stored in the database")
+    let mut cluster = Cluster::new(gpus).context("the GPU hosts stored in the database")?;
+    for host in hosts {
+        let resources = MachineResources {
+            cpus: host.cpus.map(f64::from),
+            memory_gib: host.memory_gib,
+        };
+        cluster.set_machine_resources(host.machine_id as u32, resources);
+    }
+    Ok(cluster)
 }
 
 /// The registered GPU hosts: which are up, how their slots map onto the cluster's, and which

@@ -48,6 +48,8 @@ fn typed_registration(host: &str, rack: &str, uuids: &[&str], product: &str) -> 
             })
             .collect(),
         worker_version: "0.1.0".to_owned(),
+        cpus: None,
+        memory_gib: None,
     }
 }
 
@@ -500,12 +502,24 @@ async fn bad_registrations_and_wrong_tokens_are_refused_and_nothing_is_stored() 
     let mut unknown_field = json!(good);
     unknown_field["gpu_count"] = json!(2);
     bad.push((unknown_field, "invalid_body"));
+    let mut coreless = good.clone();
+    coreless.cpus = Some(0);
+    bad.push((json!(coreless), "invalid_registration"));
+    let mut memoryless = good.clone();
+    memoryless.memory_gib = Some(-1.0);
+    bad.push((json!(memoryless), "invalid_registration"));
     for (body, code) in bad {
         let (status, answer) = service
             .call("POST", REGISTER_PATH, WORKER_TOKEN, Some(body.clone()))
             .await;
         assert!((400..500).contains(&status), "{body} -> {status} {answer}");
         assert_eq!(answer["code"].as_str(), Some(code), "{body} -> {answer}");
+        for field in ["cpus", "memory_gib"] {
+            if body[field].is_number() {
+                let detail = answer["detail"].as_str().unwrap_or_default();
+                assert!(detail.contains(&format!(": {field}:")), "{answer}");
+            }
+        }
     }
     let stored = "SELECT (SELECT count(*) FROM hosts) + (SELECT count(*) FROM gpus) + (SELECT count(*) FROM machines)";
     assert_eq!(count(&service, stored).await, 0, "nothing stored");
@@ -700,5 +714,125 @@ async fn gpu_types_come_from_product_names_and_throughput_reports_update_the_tab
         history,
         vec![("v100".to_owned(), 1.5), ("h100".to_owned(), 2.5)]
     );
+    restarted.running.stop().await;
+}
+
+/// An app of one one-GPU job with the given sensitivity profile; the answer as given.
+async fn try_profiled_app(
+    service: &Service,
+    token: &str,
+    name: &str,
+    sensitivity: Value,
+) -> (u16, Value) {
+    let body = json!({ "name": name, "app": { "kind": "performance_curve",
+        "jobs": [{ "job": { "id": "j0", "total_iterations": 100_000,
+                            "serial_iteration_time": 1.0, "max_gpus": 1 },
+                   "predicted_final_iteration": 100_000 }],
+        "sensitivity": sensitivity } });
+    service.call("POST", "/v1/apps", token, Some(body)).await
+}
+
+fn close_to(value: &Value, expected: f64) -> bool {
+    value
+        .as_f64()
+        .is_some_and(|found| (found - expected).abs() < 1e-6)
+}
+
+/// A host of 2 GPUs, 16 CPU cores and 64 GiB. `hungry` (one GPU, 1x at 4 CPUs per GPU, 2x at
+/// 12) arrives alone: the idle GPU's share is free, so its lease gets the 12 CPUs its top speed
+/// needs and its GPU-proportional 32 GiB (it has no memory curve). `plain` (no profile) takes
+/// the other GPU and keeps its proportional 8 CPUs, leaving `hungry` 8 (speed 1.5, its
+/// guarantee). Each change is a `lease_resources` row of its round; the host enforces the
+/// current values, also after a restart. Bad profiles are 422 naming the field.
+#[actix_web::test]
+async fn a_hosts_cpus_and_memory_go_with_its_leases_and_their_history_is_kept() {
+    let database = fresh_database().await;
+    let settings = workers_config(&database);
+    let clock = start_clock();
+    let service = serve(&settings, clock.clone()).await;
+    let mut host = registration("node-a", "rack-1", &["GPU-a0", "GPU-a1"]);
+    host.cpus = Some(16);
+    host.memory_gib = Some(64.0);
+    register_host(&service, &host).await;
+    let vision = service.tenant("vision").await;
+
+    for (profile, field) in [
+        (
+            json!({ "cpus_per_gpu": [[-4.0, 1.0]] }),
+            "sensitivity.cpus_per_gpu[0]",
+        ),
+        // Not a number: serde's message says what it expected and where (line and column),
+        // not the field's name.
+        (json!({ "cpus_per_gpu": [[4.0, "fast"]] }), "expected f64"),
+        (
+            json!({ "memory_gib_per_gpu": [[100.0, 1.0]] }),
+            "sensitivity.memory_gib_per_gpu[0]",
+        ),
+    ] {
+        let (status, answer) = try_profiled_app(&service, &vision, "bad", profile.clone()).await;
+        assert_eq!(status, 422, "{profile} -> {answer}");
+        let detail = answer["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains(field), "{profile} -> {answer}");
+    }
+    assert_eq!(count(&service, "SELECT count(*) FROM apps").await, 0);
+
+    let profile = json!({ "cpus_per_gpu": [[4.0, 1.0], [12.0, 2.0]] });
+    let (status, answer) = try_profiled_app(&service, &vision, "hungry", profile).await;
+    assert_eq!(status, 201, "{answer}");
+    let hungry = answer["id"].as_i64().expect("id");
+    let leases = service
+        .wait_for_leases(&vision, hungry, |leases| active(leases).len() == 1)
+        .await;
+    let lease = active(&leases)[0].clone();
+    assert!(close_to(&lease["cpus"], 12.0), "{lease}");
+    assert!(close_to(&lease["memory_gib"], 32.0), "{lease}");
+    let reply = beat(&service, "node-a", &healthy(&["GPU-a0", "GPU-a1"])).await;
+    assert!(close_to(&json!(reply.leases[0].cpus), 12.0), "{reply:?}");
+    assert!(
+        close_to(&json!(reply.leases[0].memory_gib), 32.0),
+        "{reply:?}"
+    );
+
+    let plain = register_app(&service, &vision, "plain", 1, json!({ "mode": "watch" })).await;
+    let plain_leases = service
+        .wait_for_leases(&vision, plain, |leases| active(leases).len() == 1)
+        .await;
+    assert!(
+        close_to(&active(&plain_leases)[0]["cpus"], 8.0),
+        "{plain_leases:?}"
+    );
+    let (_, leases) = service
+        .call("GET", &format!("/v1/apps/{hungry}/leases"), &vision, None)
+        .await;
+    assert_eq!(leases[0]["id"], lease["id"], "the same lease, changed");
+    assert!(close_to(&leases[0]["cpus"], 8.0), "{leases}");
+    assert!(close_to(&leases[0]["memory_gib"], 32.0), "{leases}");
+
+    let history: Vec<(i64, f64)> = sqlx::query_as(
+        "SELECT round_id, cpus FROM lease_resources WHERE lease_id = $1 ORDER BY round_id",
+    )
+    .bind(lease["id"].as_i64().expect("lease id"))
+    .fetch_all(service.running.store.pool())
+    .await
+    .expect("the lease's history");
+    assert_eq!(history.len(), 2, "granted, then changed: {history:?}");
+    assert_eq!(json!(history[0].0), lease["round_id"]);
+    assert_eq!(json!(history[1].0), active(&plain_leases)[0]["round_id"]);
+    assert!((history[0].1 - 12.0).abs() < 1e-6 && (history[1].1 - 8.0).abs() < 1e-6);
+    let stored = "SELECT count(*) FROM hosts WHERE cpus = 16 AND memory_gib = 64";
+    assert_eq!(count(&service, stored).await, 1);
+    service.running.stop().await;
+
+    let restarted = serve(&settings, clock).await;
+    let reply = beat(&restarted, "node-a", &healthy(&["GPU-a0", "GPU-a1"])).await;
+    let enforced: Vec<(i64, Option<f64>)> = reply
+        .leases
+        .iter()
+        .map(|lease| (lease.app_id, lease.cpus))
+        .collect();
+    assert_eq!(enforced.len(), 2, "{reply:?}");
+    for (app, cpus) in enforced {
+        assert!(close_to(&json!(cpus), 8.0), "app {app}: {reply:?}");
+    }
     restarted.running.stop().await;
 }

@@ -4,6 +4,8 @@
 
 use agora_protocol::{ComputeCapability, GpuMetrics};
 
+use crate::host_resources::HostResources;
+
 /// A GPU as discovered on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Device {
@@ -88,4 +90,9 @@ pub trait GpuBackend {
 
     /// XID errors raised since the last call, oldest first. Never blocks.
     fn take_xid_events(&mut self) -> Vec<XidEvent>;
+
+    /// The host's CPU cores and memory: this machine's, unless the backend describes another.
+    fn host_resources(&mut self) -> HostResources {
+        HostResources::of_this_machine()
+    }
 }

@@ -24,6 +24,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::backend::GpuProcess;
+use crate::cgroup::{Cgroups, Limits};
 
 /// The exit code reported for a command that could not be started (the shell's code for
 /// "command not found").
@@ -39,6 +40,8 @@ pub struct Enforcer {
     done: BTreeSet<i64>,
     /// Ends not yet delivered to the arbiter, oldest first.
     exits: Vec<LeaseExit>,
+    /// Where launched commands get their CPU and memory limits; `None`: not enforced.
+    cgroups: Option<Cgroups>,
 }
 
 #[derive(Debug)]
@@ -50,15 +53,28 @@ struct Launched {
     grace: TimeDelta,
     terminated: bool,
     killed: bool,
+    /// The CPU and memory limits its cgroup has; `None`: it runs in none.
+    limits: Option<Limits>,
 }
 
 impl Enforcer {
+    /// An enforcer that limits launched commands' CPUs and memory in `cgroups`, if given.
+    pub fn with_cgroups(cgroups: Option<Cgroups>) -> Self {
+        Self {
+            cgroups,
+            ..Self::default()
+        }
+    }
+
     /// Takes the arbiter's current list of leases on this host, then does what is due.
     pub fn apply(&mut self, leases: &[HostLease], now: DateTime<Utc>) {
         let listed: BTreeSet<i64> = leases.iter().map(|lease| lease.lease_id).collect();
         for (lease_id, launched) in &mut self.running {
             match leases.iter().find(|lease| lease.lease_id == *lease_id) {
-                Some(lease) => launched.end_at = lease.end_at,
+                Some(lease) => {
+                    launched.end_at = lease.end_at;
+                    follow_limits(self.cgroups.as_ref(), lease, launched);
+                }
                 None => launched.end_at = launched.end_at.min(now + launched.grace),
             }
         }
@@ -153,6 +169,9 @@ impl Enforcer {
                 }
             };
             tracing::info!(?exit, "lease command ended");
+            if let (Some(cgroups), Some(_)) = (&self.cgroups, launched.limits) {
+                cgroups.remove(lease_id);
+            }
             self.exits.push(exit);
             self.done.insert(lease_id);
         }
@@ -175,7 +194,8 @@ impl Enforcer {
                 continue;
             };
             match launch(&lease, command, env) {
-                Ok(launched) => {
+                Ok(mut launched) => {
+                    launched.limits = confine(self.cgroups.as_ref(), &lease, &launched);
                     tracing::info!(
                         lease_id = lease.lease_id,
                         ?command,
@@ -231,7 +251,47 @@ fn launch(
         grace: grace_of(lease),
         terminated: false,
         killed: false,
+        limits: None,
     })
+}
+
+fn limits_of(lease: &HostLease) -> Limits {
+    Limits {
+        cpus: lease.cpus,
+        memory_gib: lease.memory_gib,
+    }
+}
+
+/// Puts a launched command in its lease's cgroup, if limits are enforced and the lease has any;
+/// gives the limits set. A failure is logged and leaves the command unconfined.
+fn confine(cgroups: Option<&Cgroups>, lease: &HostLease, launched: &Launched) -> Option<Limits> {
+    let limits = limits_of(lease);
+    let cgroups = cgroups.filter(|_| !limits.is_unlimited())?;
+    let pid = launched.child.id()?;
+    match cgroups.confine(lease.lease_id, limits, pid) {
+        Ok(()) => Some(limits),
+        Err(error) => {
+            tracing::warn!(lease_id = lease.lease_id, %error, "cannot limit the lease's CPUs and memory");
+            None
+        }
+    }
+}
+
+/// Applies the lease's current limits to its cgroup when a round changed them.
+fn follow_limits(cgroups: Option<&Cgroups>, lease: &HostLease, launched: &mut Launched) {
+    let (Some(cgroups), Some(current)) = (cgroups, launched.limits) else {
+        return;
+    };
+    let wanted = limits_of(lease);
+    if wanted == current {
+        return;
+    }
+    match cgroups.set_limits(lease.lease_id, wanted) {
+        Ok(()) => launched.limits = Some(wanted),
+        Err(error) => {
+            tracing::warn!(lease_id = lease.lease_id, %error, "cannot change the lease's CPU and memory limits");
+        }
+    }
 }
 
 fn signal_group(group: Pid, signal: Signal) {
@@ -310,6 +370,8 @@ mod tests {
             end_at: start + TimeDelta::minutes(10),
             grace_seconds: 30,
             enforcement: Enforcement::Watch,
+            cpus: None,
+            memory_gib: None,
         }
     }
 

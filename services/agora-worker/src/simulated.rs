@@ -6,7 +6,9 @@
 //! gpus = 8                            # GPUs 0..8 on this host
 //! gpu_name = "NVIDIA A100-SXM4-80GB"  # NVML's product name: the arbiter maps it to a type
 //! compute_capability = "8.0"          # optional, major.minor
-//! memory_gib = 80
+//! memory_gib = 80                     # each GPU's memory
+//! cpus = 64                           # optional: the host's CPU cores and memory (RAM), GiB;
+//! host_memory_gib = 512               # absent: not modelled (not this machine's)
 //! default_ancestor = "system"         # PCIe ancestor of pairs no [[links]] group names
 //!
 //! [[links]]                           # every pair of these GPUs:
@@ -38,6 +40,7 @@ use serde::Deserialize;
 use crate::backend::{
     BackendError, CommonAncestor, Device, GpuBackend, GpuProcess, PairTopology, Sample, XidEvent,
 };
+use crate::host_resources::HostResources;
 
 /// A topology file.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -47,7 +50,14 @@ pub struct HostSpec {
     pub gpu_name: String,
     #[serde(default)]
     pub compute_capability: Option<ComputeCapability>,
+    /// Each GPU's memory, GiB.
     pub memory_gib: u64,
+    /// The host's CPU cores; absent: not reported.
+    #[serde(default)]
+    pub cpus: Option<u32>,
+    /// The host's memory (RAM), GiB; absent: not reported.
+    #[serde(default)]
+    pub host_memory_gib: Option<f64>,
     #[serde(default = "across_sockets")]
     pub default_ancestor: CommonAncestor,
     #[serde(default)]
@@ -168,6 +178,17 @@ fn started(fault: &FaultSpec, elapsed: Duration) -> bool {
 }
 
 fn validate(spec: &HostSpec) -> Result<(), String> {
+    if spec.cpus == Some(0) {
+        return Err("cpus: a host has at least 1 CPU core".into());
+    }
+    if let Some(memory) = spec
+        .host_memory_gib
+        .filter(|memory| !(memory.is_finite() && *memory > 0.0))
+    {
+        return Err(format!(
+            "host_memory_gib: must be a number of GiB above 0, got {memory}"
+        ));
+    }
     let in_range = |gpu: &u32| *gpu < spec.gpus;
     for group in &spec.links {
         if group.gpus.len() < 2 || !group.gpus.iter().all(in_range) {
@@ -286,6 +307,15 @@ impl GpuBackend for SimulatedBackend {
             }
         }
         events
+    }
+
+    /// What the topology file says, not this machine's: a simulated host without `cpus` or
+    /// `host_memory_gib` does not model them.
+    fn host_resources(&mut self) -> HostResources {
+        HostResources {
+            cpus: self.spec.cpus,
+            memory_gib: self.spec.host_memory_gib,
+        }
     }
 }
 

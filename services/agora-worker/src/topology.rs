@@ -105,7 +105,8 @@ impl HostTopology {
         slot_of
     }
 
-    /// What the worker registers with the arbiter.
+    /// What the worker registers with the arbiter about its GPUs (the host's CPUs and memory
+    /// are the worker's to add).
     pub fn registration(&self, host: &str, rack: &str) -> HostRegistration {
         let slots = self.slots();
         let gpus = self
@@ -142,6 +143,8 @@ impl HostTopology {
             gpus,
             links,
             worker_version: env!("CARGO_PKG_VERSION").to_owned(),
+            cpus: None,
+            memory_gib: None,
         }
     }
 

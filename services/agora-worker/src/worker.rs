@@ -15,6 +15,7 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agora_protocol::{
@@ -25,8 +26,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::backend::{BackendError, GpuBackend, GpuProcess};
+use crate::cgroup::Cgroups;
 use crate::enforce::{violations, Enforcer};
 use crate::health::{HealthPolicy, HealthTracker};
+use crate::host_resources::HostResources;
 use crate::topology::{discover, HostTopology};
 
 /// How often launched commands are checked and signalled between heartbeats.
@@ -35,6 +38,21 @@ pub const ENFORCEMENT_TICK: Duration = Duration::from_millis(100);
 const FIRST_RETRY: Duration = Duration::from_millis(500);
 const LAST_RETRY: Duration = Duration::from_secs(30);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The cgroups that limit launched commands' CPUs and memory, or `None` with a warning (once,
+/// at start) saying why they are not limited.
+fn limit_resources(root: Option<&Path>) -> Option<Cgroups> {
+    let prepared = root
+        .ok_or_else(|| "no cgroup root given".to_owned())
+        .and_then(Cgroups::on_host);
+    match prepared {
+        Ok(cgroups) => Some(cgroups),
+        Err(reason) => {
+            tracing::warn!(%reason, "CPU and memory limits of launched commands are not enforced");
+            None
+        }
+    }
+}
 
 /// Everything a worker needs.
 pub struct WorkerConfig {
@@ -51,6 +69,12 @@ pub struct WorkerConfig {
     pub heartbeat_interval: Option<Duration>,
     pub health: HealthPolicy,
     pub backend: Box<dyn GpuBackend>,
+    /// The operator's CPU count and memory (GiB) for this host, over what the backend finds.
+    pub cpus: Option<u32>,
+    pub host_memory_gib: Option<f64>,
+    /// Where launched commands get cgroups with their leases' CPU and memory limits
+    /// ([`crate::cgroup`]); `None`: limits are not enforced.
+    pub cgroup_root: Option<PathBuf>,
 }
 
 /// Leaves the token (and the backend) out, so the config can be logged.
@@ -62,6 +86,9 @@ impl std::fmt::Debug for WorkerConfig {
             .field("rack", &self.rack)
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("health", &self.health)
+            .field("cpus", &self.cpus)
+            .field("host_memory_gib", &self.host_memory_gib)
+            .field("cgroup_root", &self.cgroup_root)
             .finish_non_exhaustive()
     }
 }
@@ -104,6 +131,7 @@ enum Exchange {
 pub struct Worker {
     config: WorkerConfig,
     topology: HostTopology,
+    resources: HostResources,
     trackers: Vec<HealthTracker>,
     /// The last XID raised for each GPU, by position in `topology.devices`.
     last_xid: Vec<Option<u64>>,
@@ -122,6 +150,10 @@ impl Worker {
     /// Discovers the host's GPUs and their topology.
     pub fn new(mut config: WorkerConfig) -> Result<Self, WorkerError> {
         let topology = discover(config.backend.as_mut())?;
+        let resources = config
+            .backend
+            .host_resources()
+            .overridden_by(config.cpus, config.host_memory_gib);
         let gpus = topology.devices.len();
         let arbiters = config
             .arbiter
@@ -129,11 +161,12 @@ impl Worker {
             .map(|url| url.trim().trim_end_matches('/').to_owned())
             .collect();
         Ok(Self {
+            enforcer: Enforcer::with_cgroups(limit_resources(config.cgroup_root.as_deref())),
             config,
             topology,
+            resources,
             trackers: vec![HealthTracker::default(); gpus],
             last_xid: vec![None; gpus],
-            enforcer: Enforcer::default(),
             leases: Vec::new(),
             sequence: 0,
             arbiter_interval: Duration::from_secs(5),
@@ -145,8 +178,13 @@ impl Worker {
 
     /// What the worker registers.
     pub fn registration(&self) -> HostRegistration {
-        self.topology
-            .registration(&self.config.host, &self.config.rack)
+        HostRegistration {
+            cpus: self.resources.cpus,
+            memory_gib: self.resources.memory_gib,
+            ..self
+                .topology
+                .registration(&self.config.host, &self.config.rack)
+        }
     }
 
     /// Runs until `shutdown` completes (then ends the commands it launched, each after its

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agora_protocol::{Enforcement, HostLease, LeaseExit};
+use agora_worker::cgroup::Cgroups;
 use agora_worker::enforce::{Enforcer, EXIT_NOT_STARTED};
 use chrono::{DateTime, TimeDelta, Utc};
 
@@ -66,6 +67,8 @@ fn launch_lease(lease_id: i64, script: &str) -> HostLease {
             command: vec!["sh".to_owned(), "-c".to_owned(), script.to_owned()],
             env: BTreeMap::from([("AGORA_TEST".to_owned(), "hello".to_owned())]),
         },
+        cpus: None,
+        memory_gib: None,
     }
 }
 
@@ -257,4 +260,33 @@ async fn watch_leases_and_leases_not_yet_started_launch_nothing() {
     enforcer.apply(&[watched, future], start() - TimeDelta::seconds(1));
     assert!(!enforcer.has_running());
     assert!(enforcer.undelivered_exits().is_empty());
+}
+
+/// A launched command goes into its lease's cgroup with the lease's CPUs and memory, and the
+/// limits follow the arbiter's later word; a temporary directory stands in for the cgroup file
+/// system.
+#[actix_rt::test]
+async fn a_launched_command_is_confined_to_its_leases_cpus_and_memory() {
+    let scratch = Scratch::new("cgroup");
+    let ready = scratch.pipe("ready");
+    let root = scratch.file("agora");
+    let cgroups = Cgroups::prepare(&root).expect("a writable stand-in");
+    let mut lease = launch_lease(11, &format!("echo $$ > {}; sleep 60", path(&ready)));
+    lease.cpus = Some(2.5);
+    lease.memory_gib = Some(4.0);
+    let mut enforcer = Enforcer::with_cgroups(Some(cgroups));
+    enforcer.apply(std::slice::from_ref(&lease), start());
+    let pid = read_line(&ready).await;
+    let cgroup = root.join("lease-11");
+    let read = |file: &str| std::fs::read_to_string(cgroup.join(file)).expect("written");
+    assert_eq!(read("cgroup.procs"), pid.trim());
+    assert_eq!(read("cpu.max"), "250000 100000");
+    assert_eq!(read("memory.max"), (4u64 << 30).to_string());
+
+    lease.cpus = Some(1.0);
+    enforcer.apply(std::slice::from_ref(&lease), start());
+    assert_eq!(read("cpu.max"), "100000 100000");
+
+    let exit = wait_for_exit(&mut enforcer, lease.end_at).await;
+    assert_eq!(exit.lease_id, 11);
 }

@@ -23,6 +23,8 @@ gpus = 2
 gpu_name = "NVIDIA H100 80GB HBM3"
 compute_capability = "9.0"
 memory_gib = 80
+cpus = 32
+host_memory_gib = 512
 [[links]]
 gpus = [0, 1]
 nvlinks = 18
@@ -113,6 +115,8 @@ async fn heartbeat(
                 command: vec!["sh".to_owned(), "-c".to_owned(), "exit 4".to_owned()],
                 env: Default::default(),
             },
+            cpus: None,
+            memory_gib: None,
         }],
     })
 }
@@ -134,6 +138,9 @@ async fn the_worker_registers_heartbeats_re_registers_and_reports_exits() {
         heartbeat_interval: None,
         health: HealthPolicy::default(),
         backend: Box::new(backend),
+        cpus: None,
+        host_memory_gib: Some(256.0),
+        cgroup_root: None,
     })
     .expect("discovery");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -190,6 +197,11 @@ async fn the_worker_registers_heartbeats_re_registers_and_reports_exits() {
     assert_eq!(
         (registration.host.as_str(), registration.rack.as_str()),
         ("gpu-host-1", "rack-a")
+    );
+    assert_eq!(
+        (registration.cpus, registration.memory_gib),
+        (Some(32), Some(256.0)),
+        "the topology file's CPUs, the operator's memory"
     );
     assert_eq!(
         registration

@@ -164,7 +164,9 @@ class LeasedGpu:
 @dataclass(frozen=True)
 class Lease:
     """A lease of GPUs to an app: `active` until `end_at`, then `expired`, `released` or
-    `revoked` (at `ended_at`)."""
+    `revoked` (at `ended_at`); `cpus` and `memory_gib` are the CPU cores and host memory (GiB)
+    that come with it as the latest round divided them (`None` where the hosts do not report
+    them)."""
 
     SCHEMA: ClassVar[str] = "LeaseView"
     id: int
@@ -175,6 +177,8 @@ class Lease:
     end_at: datetime
     state: str
     ended_at: datetime | None
+    cpus: float | None = None
+    memory_gib: float | None = None
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Lease:
@@ -187,6 +191,8 @@ class Lease:
             end_at=parse_time(body["end_at"]),
             state=body["state"],
             ended_at=_optional_time(body["ended_at"]),
+            cpus=body.get("cpus"),
+            memory_gib=body.get("memory_gib"),
         )
 
     @property

@@ -44,6 +44,16 @@ pub struct WorkerArgs {
     /// Heartbeat every MS milliseconds instead of the arbiter's interval.
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     heartbeat_ms: Option<u64>,
+    /// The host's CPU cores to report, instead of what the system says (or the topology file).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    cpus: Option<u32>,
+    /// The host's memory (RAM) in GiB to report, instead of what the system says.
+    #[arg(long, value_name = "GIB", value_parser = positive_gib)]
+    host_memory_gib: Option<f64>,
+    /// The cgroup v2 directory under which launched commands get their leases' CPU and memory
+    /// limits; where it cannot be written, limits are not enforced (logged once).
+    #[arg(long, value_name = "DIR", default_value = agora_worker::cgroup::DEFAULT_ROOT)]
+    cgroup_root: PathBuf,
     /// A GPU at or above this temperature (°C) is reported unhealthy.
     #[arg(long, value_name = "CELSIUS", default_value_t = HealthPolicy::default().temperature_limit_celsius)]
     max_temperature: u32,
@@ -83,6 +93,9 @@ impl WorkerArgs {
                 temperature_limit_celsius: self.max_temperature,
             },
             backend,
+            cpus: self.cpus,
+            host_memory_gib: self.host_memory_gib,
+            cgroup_root: Some(self.cgroup_root),
         };
         actix_web::rt::System::new().block_on(async move {
             let worker = Worker::new(config)?;
@@ -112,4 +125,12 @@ impl WorkerArgs {
             ),
         }
     }
+}
+
+/// A finite number of GiB above 0.
+fn positive_gib(text: &str) -> Result<f64, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|gib| gib.is_finite() && *gib > 0.0)
+        .ok_or_else(|| format!("expected a number of GiB above 0, got {text:?}"))
 }

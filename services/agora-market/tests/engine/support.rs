@@ -7,6 +7,7 @@ use agora_market::hosts::{HostGpu, HostSpec};
 use agora_market::leftover::LeftoverPolicy;
 use agora_market::market::{Market, MarketConfig};
 use agora_market::policy::Policy;
+use agora_market::resources::MachineResources;
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, ClusterSpec, GpuId};
 use proptest::prelude::*;
@@ -181,5 +182,6 @@ pub fn host(name: &str, gpus: &[&str]) -> HostSpec {
                 slot: 0,
             })
             .collect(),
+        resources: MachineResources::default(),
     }
 }

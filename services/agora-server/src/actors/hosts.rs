@@ -13,6 +13,7 @@ use agora_market::gpu_models::gpu_type_of;
 use agora_market::hosts::{Host, HostGpu, HostSpec};
 use agora_market::live::{Event, Notice};
 use agora_market::market::{HostJoined, Market, Withdrawal};
+use agora_market::resources::MachineResources;
 use agora_market::time::Timestamp;
 use agora_market::topology::{GpuId, GpuIndex};
 use agora_protocol::{
@@ -91,6 +92,29 @@ fn host_spec(registration: &HostRegistration) -> Result<HostSpec, ArbiterError> 
         name: registration.host.clone(),
         rack: registration.rack.clone(),
         gpus,
+        resources: host_resources(registration)?,
+    })
+}
+
+/// The host's CPU cores and memory, if it reports them: at least one core, and a finite
+/// amount of memory above 0.
+fn host_resources(registration: &HostRegistration) -> Result<MachineResources, ArbiterError> {
+    if registration.cpus == Some(0) {
+        return Err(ArbiterError::InvalidRegistration(
+            "cpus: a host has at least 1 CPU core (leave cpus out if it is not modelled)".into(),
+        ));
+    }
+    if let Some(memory) = registration
+        .memory_gib
+        .filter(|memory| !(memory.is_finite() && *memory > 0.0))
+    {
+        return Err(ArbiterError::InvalidRegistration(format!(
+            "memory_gib: the host's memory must be a finite number of GiB above 0, got {memory}"
+        )));
+    }
+    Ok(MachineResources {
+        cpus: registration.cpus.map(f64::from),
+        memory_gib: registration.memory_gib,
     })
 }
 
@@ -330,6 +354,7 @@ impl Arbiter {
     fn host_leases(&self, host: &str) -> HeartbeatReply {
         let on_host: BTreeSet<GpuIndex> = self.market().host_gpus(host).into_iter().collect();
         let cluster = self.market().cluster();
+        let machine = self.market().hosts().get(host).map(|host| host.machine);
         let leases = self
             .market()
             .leases()
@@ -350,6 +375,9 @@ impl Arbiter {
                     .filter_map(|&gpu| self.live.notice(gpu))
                     .map(|notice| notice.at)
                     .fold(lease.end, Timestamp::min);
+                let on_this_host = machine
+                    .and_then(|machine| self.market().lease_resources(lease).remove(&machine))
+                    .unwrap_or_default();
                 Some(HostLease {
                     lease_id: lease.id.0 as i64,
                     app_id: app_key(&lease.app).ok()?,
@@ -361,6 +389,8 @@ impl Arbiter {
                         .members
                         .get(&lease.app)
                         .map_or(Enforcement::Watch, |member| member.enforcement.clone()),
+                    cpus: on_this_host.cpus,
+                    memory_gib: on_this_host.memory_gib,
                 })
             })
             .collect();
@@ -391,6 +421,10 @@ fn host_record(next: &Market, joined: &HostJoined, registration: HostRegistratio
         name: registration.host,
         rack_name: registration.rack,
         worker_version: registration.worker_version,
+        cpus: registration
+            .cpus
+            .map(|cpus| i32::try_from(cpus).unwrap_or(i32::MAX)),
+        memory_gib: registration.memory_gib,
         links: registration.links,
         gpus: registration
             .gpus

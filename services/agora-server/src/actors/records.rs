@@ -8,6 +8,7 @@ use agora_market::auction::{AppBid, AuctionOutcome};
 use agora_market::lease::Lease;
 use agora_market::live::{HostDown, Record};
 use agora_market::market::{Market, RoundOffer, RoundOutcome, Withdrawal};
+use agora_market::resources::MachineResources;
 use agora_market::time::Timestamp;
 use agora_market::topology::GpuId;
 use serde_json::Value;
@@ -16,8 +17,8 @@ use super::ArbiterError;
 use crate::clock::to_datetime;
 use crate::store::{
     app_key, AllocationRow, AppEvent, ClosedRound, Commit, EventPayload, HostStatusChange,
-    LeaseEndedEvent, LeaseGrantedEvent, LeaseRecord, OfferEvent, OfferedGpu, OpenedRound,
-    RoundResultEvent, StandingRow,
+    LeaseEndedEvent, LeaseGrantedEvent, LeaseRecord, LeaseResources, OfferEvent, OfferedGpu,
+    OpenedRound, RoundResultEvent, StandingRow,
 };
 
 pub fn lease_record(market: &Market, lease: &Lease) -> Result<LeaseRecord, ArbiterError> {
@@ -167,11 +168,31 @@ pub fn closed_round(
                 .iter()
                 .map(app_key)
                 .collect::<Result<_, _>>()?,
+            lease_resources: market
+                .leases()
+                .active()
+                .filter_map(|lease| lease_resources(market, lease))
+                .collect(),
         }),
         granted,
         events,
         ..Commit::default()
     })
+}
+
+/// The CPUs and memory of `lease` over its machines (a resource some machine of the lease does
+/// not model: `None`); `None` when none of its machines models either.
+pub fn lease_resources(market: &Market, lease: &Lease) -> Option<LeaseResources> {
+    let parts = market.lease_resources(lease);
+    let total = |amount: fn(&MachineResources) -> Option<f64>| -> Option<f64> {
+        parts.values().map(amount).sum()
+    };
+    let resources = LeaseResources {
+        lease: lease.id.0 as i64,
+        cpus: total(|part| part.cpus),
+        memory_gib: total(|part| part.memory_gib),
+    };
+    (resources.cpus.is_some() || resources.memory_gib.is_some()).then_some(resources)
 }
 
 /// One row per app that bid or received GPUs: its PF choice and payment, what it kept and its

@@ -87,6 +87,11 @@ impl Arbiter {
             .validate()
             .and(check_enforcement(&request.enforcement))
             .and(probe.throughput().check_covers(self.market().cluster()))
+            .and(
+                probe
+                    .sensitivity()
+                    .check_fits(&self.market().cluster().largest_machine()),
+            )
         {
             return refuse(ArbiterError::InvalidApp(reason));
         }

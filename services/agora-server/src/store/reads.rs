@@ -125,6 +125,11 @@ pub struct LeaseView {
     /// `active`, `expired`, `released` or `revoked`.
     pub state: String,
     pub ended_at: Option<DateTime<Utc>>,
+    /// The CPU cores that come with the lease (fractional; summed over its machines), as the
+    /// latest round set them; `null` where a machine of the lease does not model CPUs.
+    pub cpus: Option<f64>,
+    /// The host memory in GiB that comes with the lease, like `cpus`.
+    pub memory_gib: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -343,8 +348,14 @@ impl Store {
 
     pub async fn leases_of(&self, app: i64) -> Result<Vec<LeaseView>, StoreError> {
         let rows = sqlx::query!(
-            "SELECT id, round_id, gpus, start_at, end_at, state, ended_at FROM leases
-             WHERE app_id = $1 ORDER BY id",
+            "SELECT l.id, l.round_id, l.gpus, l.start_at, l.end_at, l.state, l.ended_at,
+                    latest.cpus, latest.memory_gib
+             FROM leases l
+             LEFT JOIN LATERAL (
+                 SELECT cpus, memory_gib FROM lease_resources r WHERE r.lease_id = l.id
+                 ORDER BY r.round_id DESC LIMIT 1
+             ) latest ON true
+             WHERE l.app_id = $1 ORDER BY l.id",
             app
         )
         .fetch_all(&self.pool)
@@ -372,6 +383,8 @@ impl Store {
                 end_at: row.end_at,
                 state: row.state,
                 ended_at: row.ended_at,
+                cpus: row.cpus,
+                memory_gib: row.memory_gib,
             })
             .collect())
     }

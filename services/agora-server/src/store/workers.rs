@@ -27,6 +27,9 @@ pub struct HostRecord {
     pub name: String,
     pub rack_name: String,
     pub worker_version: String,
+    /// CPU cores and memory (GiB) the host reported; `None`: not modelled.
+    pub cpus: Option<i32>,
+    pub memory_gib: Option<f64>,
     pub links: Vec<GpuLink>,
     pub gpus: Vec<WorkerGpuRecord>,
 }
@@ -77,6 +80,8 @@ pub struct StoredHost {
     pub name: String,
     pub rack_name: String,
     pub status: String,
+    pub cpus: Option<i32>,
+    pub memory_gib: Option<f64>,
 }
 
 /// A host's GPU as stored, with its place in the cluster.
@@ -96,7 +101,8 @@ impl Store {
     pub async fn worker_hosts(&self) -> Result<Vec<StoredHost>, StoreError> {
         Ok(sqlx::query_as!(
             StoredHost,
-            "SELECT machine_id, name, rack_name, status FROM hosts ORDER BY machine_id"
+            "SELECT machine_id, name, rack_name, status, cpus, memory_gib FROM hosts
+             ORDER BY machine_id"
         )
         .fetch_all(&self.pool)
         .await?)
@@ -179,17 +185,20 @@ async fn write_registration(
     .await?;
     sqlx::query!(
         "INSERT INTO hosts (machine_id, name, rack_name, worker_version, links, registered_at,
-                            status)
-         VALUES ($1, $2, $3, $4, $5, $6, 'up')
+                            status, cpus, memory_gib)
+         VALUES ($1, $2, $3, $4, $5, $6, 'up', $7, $8)
          ON CONFLICT (machine_id) DO UPDATE
          SET worker_version = excluded.worker_version, links = excluded.links,
-             registered_at = excluded.registered_at, status = 'up'",
+             registered_at = excluded.registered_at, status = 'up', cpus = excluded.cpus,
+             memory_gib = excluded.memory_gib",
         host.machine,
         host.name,
         host.rack_name,
         host.worker_version,
         links,
-        to_datetime(now)
+        to_datetime(now),
+        host.cpus,
+        host.memory_gib
     )
     .execute(&mut **tx)
     .await?;

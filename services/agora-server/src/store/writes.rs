@@ -64,6 +64,16 @@ pub struct ClosedRound {
     pub unallocated: Vec<String>,
     /// Apps of the standings that left before the round was decided (bids withdrawn).
     pub departed: Vec<i64>,
+    /// The CPUs and memory of every active lease after the round (on modelled machines).
+    pub lease_resources: Vec<LeaseResources>,
+}
+
+/// The CPUs and memory a lease has (over all its machines; `None`: not modelled on one of them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeaseResources {
+    pub lease: i64,
+    pub cpus: Option<f64>,
+    pub memory_gib: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -400,6 +410,9 @@ pub(super) async fn write_commit(
         for lease in &commit.granted {
             write_lease_grant(tx, round.id, lease).await?;
         }
+        for resources in &round.lease_resources {
+            write_lease_resources(tx, round, resources).await?;
+        }
     }
     for (lease, reason) in &commit.notices {
         write_lease_event(tx, *lease, now, "revocation_notice", Some(reason)).await?;
@@ -497,6 +510,31 @@ async fn write_opened_round(
         &rhos as &[Option<f64>],
         &unmet,
         &bidders
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// A lease's CPUs and memory after round `round`, unless its latest row says the same.
+async fn write_lease_resources(
+    tx: &mut Transaction<'_, Postgres>,
+    round: &ClosedRound,
+    resources: &LeaseResources,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "INSERT INTO lease_resources (lease_id, round_id, at, cpus, memory_gib)
+         SELECT $1, $2, $3, $4, $5
+         WHERE NOT EXISTS (
+             SELECT 1 FROM (SELECT cpus, memory_gib FROM lease_resources WHERE lease_id = $1
+                            ORDER BY round_id DESC LIMIT 1) latest
+             WHERE latest.cpus IS NOT DISTINCT FROM $4
+               AND latest.memory_gib IS NOT DISTINCT FROM $5)",
+        resources.lease,
+        round.id,
+        to_datetime(round.closed_at),
+        resources.cpus,
+        resources.memory_gib
     )
     .execute(&mut **tx)
     .await?;
