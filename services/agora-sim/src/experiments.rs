@@ -72,8 +72,9 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     ),
     (
         "synergy",
-        "mean JCT and makespan of Themis and SRTF with GPU-proportional vs sensitivity-aware \
-         CPUs and memory, Synergy's 128-GPU cluster and derived trace at rising load",
+        "mean JCT, makespan and max rho of Themis, SRTF and Gavel-FTF with GPU-proportional vs \
+         sensitivity-aware CPUs and memory, and of Synergy-Tune, Synergy's 128-GPU cluster and \
+         derived trace at rising load",
     ),
 ];
 
