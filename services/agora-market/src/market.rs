@@ -443,6 +443,20 @@ impl Market {
         if !self.cluster.models_resources() {
             return;
         }
+        let split = ResourceSplit::divide(
+            self.machine_tenants(),
+            self.config.resource_allocation,
+            &self.resource_split,
+        );
+        self.resource_split = Arc::new(split);
+    }
+
+    /// Every machine's CPUs and memory, GPUs, and the apps holding its GPUs now (how many, and
+    /// their profiles); empty on a cluster that models neither resource.
+    fn machine_tenants(&self) -> BTreeMap<u32, MachineTenants<'_, AppId>> {
+        if !self.cluster.models_resources() {
+            return BTreeMap::new();
+        }
         let gpus_per_machine = self.cluster.gpus_per_machine();
         let mut machines: BTreeMap<u32, MachineTenants<AppId>> = gpus_per_machine
             .iter()
@@ -470,12 +484,7 @@ impl Market {
                 }
             }
         }
-        let split = ResourceSplit::divide(
-            machines,
-            self.config.resource_allocation,
-            &self.resource_split,
-        );
-        self.resource_split = Arc::new(split);
+        machines
     }
 
     /// An app arrives; its T_cluster is computed on the cluster as it is now.
@@ -1186,6 +1195,11 @@ impl Market {
             now,
             free: &offer.gpus,
             contenders,
+            machines: if self.config.policy.packs_cpus_and_memory() {
+                self.machine_tenants()
+            } else {
+                BTreeMap::new()
+            },
         };
         let granted = baselines::allocate(self.config.policy, &view);
         let offered = free

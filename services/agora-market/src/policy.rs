@@ -35,10 +35,15 @@ pub enum Policy {
     /// Shockwave (NSDI'23): a market over a window of rounds, each app's utility following its
     /// forecast speed-ups, weighted by finish-time fairness; the first round applied.
     Shockwave,
+    /// Synergy-Tune (OSDI'22) on SRTF: SRTF's GPUs, placed where each job's best-case CPUs and
+    /// memory fit (`baselines/tune.rs`).
+    SynergySrtf,
+    /// Synergy-Tune on finish-time fairness: Gavel-FTF's GPUs, placed the same way.
+    SynergyFtf,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 10] = [
+    pub const ALL: [Policy; 12] = [
         Policy::Themis,
         Policy::Gandiva,
         Policy::Tiresias,
@@ -49,6 +54,8 @@ impl Policy {
         Policy::GavelFtf,
         Policy::Oef,
         Policy::Shockwave,
+        Policy::SynergySrtf,
+        Policy::SynergyFtf,
     ];
 
     pub fn name(self) -> &'static str {
@@ -63,7 +70,15 @@ impl Policy {
             Policy::GavelFtf => "gavel-ftf",
             Policy::Oef => "oef",
             Policy::Shockwave => "shockwave",
+            Policy::SynergySrtf => "synergy-srtf",
+            Policy::SynergyFtf => "synergy-ftf",
         }
+    }
+
+    /// Whether the policy places jobs by their CPU and memory demands (Synergy-Tune), and so
+    /// needs each machine's resources and holders in its round.
+    pub fn packs_cpus_and_memory(self) -> bool {
+        matches!(self, Policy::SynergySrtf | Policy::SynergyFtf)
     }
 }
 

@@ -33,6 +33,11 @@ impl MachineResources {
         self.cpus.is_none() && self.memory_gib.is_none()
     }
 
+    /// One GPU's GPU-proportional share of this machine of `machine_gpus` GPUs.
+    pub fn per_gpu(&self, machine_gpus: u32) -> MachineResources {
+        proportional_share(self, machine_gpus, 1)
+    }
+
     fn amount(&self, resource: Resource) -> Option<f64> {
         match resource {
             Resource::Cpus => self.cpus,
@@ -187,6 +192,36 @@ impl Sensitivity {
         self.speed_with(per_gpu.cpus, per_gpu.memory_gib)
     }
 
+    /// Synergy's best-case demand per GPU on `machine` (of `machine_gpus` GPUs, §3.1): of each
+    /// resource the machine models, the least amount at which the profile reaches its best
+    /// speed there (the slower curve's last speed); a resource without a curve, its
+    /// GPU-proportional amount, which is what the split gives it.
+    pub fn demand_per_gpu(
+        &self,
+        machine: &MachineResources,
+        machine_gpus: u32,
+    ) -> MachineResources {
+        let proportional = proportional_share(machine, machine_gpus, 1);
+        let curves: Vec<(Resource, Curve)> = RESOURCES
+            .into_iter()
+            .filter(|&resource| machine.amount(resource).is_some())
+            .filter_map(|resource| Some((resource, self.curve(resource)?)))
+            .collect();
+        let best = curves
+            .iter()
+            .map(|(_, curve)| curve.best_speed())
+            .fold(f64::INFINITY, f64::min);
+        let mut demand = proportional;
+        for (resource, curve) in &curves {
+            let least = Some(curve.least_amount_for(best));
+            match resource {
+                Resource::Cpus => demand.cpus = least,
+                Resource::Memory => demand.memory_gib = least,
+            }
+        }
+        demand
+    }
+
     /// Orders profiles by their numbers: the tie-break between apps sharing a machine.
     pub fn cmp_content(&self, other: &Self) -> Ordering {
         let numbers = |profile: &Self| -> Vec<f64> {
@@ -237,6 +272,11 @@ impl Curve {
         let above = points.partition_point(|&(x, _)| x <= amount).max(1);
         let ((x0, y0), (x1, y1)) = (points[above - 1], points[above]);
         y0 + (y1 - y0) * (amount - x0) / (x1 - x0)
+    }
+
+    /// The speed of its last point, which more of the resource does not raise.
+    fn best_speed(&self) -> f64 {
+        self.0[self.0.len() - 1].1
     }
 
     /// The least amount at which the curve reaches `speed` (its last amount if it never does).

@@ -72,8 +72,9 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     ),
     (
         "synergy",
-        "mean JCT and makespan of Themis and SRTF with GPU-proportional vs sensitivity-aware \
-         CPUs and memory, Synergy's 128-GPU cluster and derived trace at rising load",
+        "mean JCT, makespan and max rho of Themis, SRTF and Gavel-FTF with GPU-proportional vs \
+         sensitivity-aware CPUs and memory, and of Synergy-Tune, Synergy's 128-GPU cluster and \
+         derived trace at rising load",
     ),
 ];
 
@@ -1191,19 +1192,79 @@ fn sensitivity(out: &mut Output, scale: ExperimentScale) -> Result<String, Exper
 }
 
 /// Jobs per hour of the Synergy experiment's loads. The trace's mean job asks about 38
-/// GPU-hours, so 3.4 jobs an hour would fill the 128 GPUs in a steady state; 120 jobs arrive
-/// within 30-60 hours at these loads, before one is reached (EVALUATION.md, part 3c).
-pub const SYNERGY_LOADS: [f64; 3] = [2.0, 3.0, 4.0];
-/// The policies the Synergy experiment compares, each with both CPU and memory allocations.
-const SYNERGY_POLICIES: [Policy; 2] = [Policy::Themis, Policy::Srtf];
-const SYNERGY_ALLOCATIONS: [(ResourceAllocation, &str); 2] = [
-    (ResourceAllocation::GpuProportional, "gpu-proportional"),
-    (ResourceAllocation::SensitivityAware, "sensitivity-aware"),
+/// GPU-hours, so 3.4 jobs an hour would fill the 128 GPUs in a steady state; up to 4 jobs an
+/// hour the trace's 120 jobs hardly wait, from 8 queues form (EVALUATION.md, part 3c).
+pub const SYNERGY_LOADS: [f64; 4] = [4.0, 8.0, 12.0, 16.0];
+
+/// One run of the Synergy experiment at each load.
+struct SynergyRun {
+    policy: Policy,
+    allocation: ResourceAllocation,
+    /// The run (index into [`SYNERGY_RUNS`]) with the same base policy and GPU-proportional
+    /// CPUs and memory, whose jobs this run's are compared with.
+    reference: usize,
+}
+
+const fn synergy_run(
+    policy: Policy,
+    allocation: ResourceAllocation,
+    reference: usize,
+) -> SynergyRun {
+    SynergyRun {
+        policy,
+        allocation,
+        reference,
+    }
+}
+
+/// Themis, SRTF and Gavel-FTF each with GPU-proportional and sensitivity-aware CPUs and
+/// memory, and Synergy-Tune on SRTF and on Gavel-FTF (sensitivity-aware: Tune places by the
+/// demands the split then gives).
+const SYNERGY_RUNS: [SynergyRun; 8] = [
+    synergy_run(Policy::Themis, ResourceAllocation::GpuProportional, 0),
+    synergy_run(Policy::Themis, ResourceAllocation::SensitivityAware, 0),
+    synergy_run(Policy::Srtf, ResourceAllocation::GpuProportional, 2),
+    synergy_run(Policy::Srtf, ResourceAllocation::SensitivityAware, 2),
+    synergy_run(Policy::SynergySrtf, ResourceAllocation::SensitivityAware, 2),
+    synergy_run(Policy::GavelFtf, ResourceAllocation::GpuProportional, 5),
+    synergy_run(Policy::GavelFtf, ResourceAllocation::SensitivityAware, 5),
+    synergy_run(Policy::SynergyFtf, ResourceAllocation::SensitivityAware, 5),
 ];
 
+fn allocation_name(allocation: ResourceAllocation) -> &'static str {
+    match allocation {
+        ResourceAllocation::GpuProportional => "gpu-proportional",
+        ResourceAllocation::SensitivityAware => "sensitivity-aware",
+    }
+}
+
+/// A job finishing this much later than in the reference run counts as later (the
+/// simulator's events land on whole milliseconds).
+const LATER_SLACK_SECONDS: f64 = 1.0;
+
+/// How many of `report`'s apps finished later than in `reference` (by more than
+/// [`LATER_SLACK_SECONDS`]), and the largest ratio of an app's completion time to its
+/// reference's.
+fn later_than(report: &SimulationReport, reference: &SimulationReport) -> (usize, f64) {
+    let reference: std::collections::BTreeMap<&AppId, f64> = reference
+        .apps
+        .iter()
+        .map(|app| (&app.app, app.completion_seconds))
+        .collect();
+    report
+        .apps
+        .iter()
+        .filter_map(|app| Some((app.completion_seconds, *reference.get(&app.app)?)))
+        .fold((0, 0.0_f64), |(later, worst), (seconds, before)| {
+            (
+                later + usize::from(seconds > before + LATER_SLACK_SECONDS),
+                worst.max(seconds / before),
+            )
+        })
+}
+
 /// Synergy's setting (OSDI'22 §5.3.2): its 128-GPU cluster, its derived trace at rising load
-/// ([`generate::synergy_trace`], `scale.apps` x 4 jobs), Themis and SRTF each with
-/// GPU-proportional and with sensitivity-aware CPUs and memory.
+/// ([`generate::synergy_trace`], `scale.apps` x 4 jobs), the runs of [`SYNERGY_RUNS`].
 fn synergy(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
     let cluster = Cluster::from_spec(&clusters::load_cluster_spec(shipped::path(
         shipped::SYNERGY_128,
@@ -1214,41 +1275,61 @@ fn synergy(out: &mut Output, scale: ExperimentScale) -> Result<String, Experimen
         .collect();
     let mut runs = Vec::new();
     for (workload, load) in workloads.iter().zip(SYNERGY_LOADS) {
-        for policy in SYNERGY_POLICIES {
-            for (allocation, name) in SYNERGY_ALLOCATIONS {
-                let mut config = config(policy);
-                config.market.resource_allocation = allocation;
-                runs.push(Run {
-                    label: format!("synergy {load}/h/{policy}/{name}"),
-                    cluster: &cluster,
-                    workload,
-                    config,
-                });
-            }
+        for run in &SYNERGY_RUNS {
+            let mut config = config(run.policy);
+            config.market.resource_allocation = run.allocation;
+            runs.push(Run {
+                label: format!(
+                    "synergy {load}/h/{}/{}",
+                    run.policy,
+                    allocation_name(run.allocation)
+                ),
+                cluster: &cluster,
+                workload,
+                config,
+            });
         }
     }
     let reports = simulate_all(&runs, scale.threads)?;
+    let per_load = SYNERGY_RUNS.len();
     let mut csv = String::from(
-        "jobs_per_hour,policy,allocation,unfinished_apps,mean_jct_hours,makespan_hours,max_rho\n",
+        "jobs_per_hour,policy,allocation,unfinished_apps,mean_jct_hours,makespan_hours,max_rho,\
+         jobs_later_than_gpu_proportional,worst_jct_ratio\n",
     );
     let mut summary = String::new();
-    for (run, report) in runs.iter().zip(&reports) {
-        let s = &report.summary;
-        let label: Vec<&str> = run.label.split('/').collect();
-        let load = label[0].trim_start_matches("synergy ");
-        let _ = writeln!(
-            csv,
-            "{load},{},{},{},{:.4},{:.4},{:.4}",
-            s.policy,
-            label[3],
-            s.unfinished_apps,
-            s.mean_completion_seconds / 3600.0,
-            s.makespan_seconds / 3600.0,
-            s.max_rho
-        );
+    for (i, load) in SYNERGY_LOADS.iter().enumerate() {
+        let at = |k: usize| &reports[i * per_load + k];
+        for (k, run) in SYNERGY_RUNS.iter().enumerate() {
+            let s = &at(k).summary;
+            let (later, worst) = later_than(at(k), at(run.reference));
+            let _ = writeln!(
+                csv,
+                "{load},{},{},{},{:.4},{:.4},{:.4},{later},{worst:.4}",
+                run.policy,
+                allocation_name(run.allocation),
+                s.unfinished_apps,
+                s.mean_completion_seconds / 3600.0,
+                s.makespan_seconds / 3600.0,
+                s.max_rho
+            );
+            if k != run.reference {
+                let base = &at(run.reference).summary;
+                let _ = writeln!(
+                    summary,
+                    "{load}/h {} {}: mean JCT {:.2} h -> {:.2} h ({:.2}x), makespan {:.1} h -> \
+                     {:.1} h, {later} jobs later (worst {worst:.2}x)",
+                    run.policy,
+                    allocation_name(run.allocation),
+                    base.mean_completion_seconds / 3600.0,
+                    s.mean_completion_seconds / 3600.0,
+                    base.mean_completion_seconds / s.mean_completion_seconds,
+                    base.makespan_seconds / 3600.0,
+                    s.makespan_seconds / 3600.0,
+                );
+            }
+        }
     }
     out.csv("synergy.csv", &csv)?;
-    let per_load = SYNERGY_POLICIES.len() * SYNERGY_ALLOCATIONS.len();
     for (column, label, value) in [
         (
             "mean_jct",
@@ -1258,17 +1339,21 @@ fn synergy(out: &mut Output, scale: ExperimentScale) -> Result<String, Experimen
         ("makespan", "makespan (hours)", |s: &RunSummary| {
             s.makespan_seconds / 3600.0
         }),
+        ("max_rho", "max rho", |s: &RunSummary| s.max_rho),
     ] {
-        let series: Vec<Series> = (0..per_load)
-            .map(|k| {
+        let series: Vec<Series> = SYNERGY_RUNS
+            .iter()
+            .enumerate()
+            .map(|(k, run)| {
                 let points = SYNERGY_LOADS
                     .iter()
                     .enumerate()
                     .map(|(i, &load)| (load, value(&reports[i * per_load + k].summary)))
                     .collect();
-                let policy = SYNERGY_POLICIES[k / SYNERGY_ALLOCATIONS.len()];
-                let (_, allocation) = SYNERGY_ALLOCATIONS[k % SYNERGY_ALLOCATIONS.len()];
-                Series::new(format!("{policy} {allocation}"), points)
+                Series::new(
+                    format!("{} {}", run.policy, allocation_name(run.allocation)),
+                    points,
+                )
             })
             .collect();
         out.lines(
@@ -1282,21 +1367,6 @@ fn synergy(out: &mut Output, scale: ExperimentScale) -> Result<String, Experimen
             },
             &series,
         )?;
-    }
-    for (i, load) in SYNERGY_LOADS.iter().enumerate() {
-        for (p, policy) in SYNERGY_POLICIES.iter().enumerate() {
-            let at = |a: usize| &reports[i * per_load + p * SYNERGY_ALLOCATIONS.len() + a].summary;
-            let (proportional, aware) = (at(0), at(1));
-            let _ = writeln!(
-                summary,
-                "{load}/h {policy}: mean JCT {:.2} h -> {:.2} h ({:.2}x), makespan {:.1} h -> {:.1} h",
-                proportional.mean_completion_seconds / 3600.0,
-                aware.mean_completion_seconds / 3600.0,
-                proportional.mean_completion_seconds / aware.mean_completion_seconds,
-                proportional.makespan_seconds / 3600.0,
-                aware.makespan_seconds / 3600.0,
-            );
-        }
     }
     Ok(summary)
 }

@@ -249,10 +249,24 @@ fn synergy() {
         "synergy",
         &[(
             "synergy.csv",
-            "jobs_per_hour,policy,allocation,unfinished_apps,mean_jct_hours,makespan_hours,max_rho",
+            "jobs_per_hour,policy,allocation,unfinished_apps,mean_jct_hours,makespan_hours,max_rho,\
+             jobs_later_than_gpu_proportional,worst_jct_ratio",
         )],
-        &["synergy-mean_jct.svg", "synergy-makespan.svg"],
+        &[
+            "synergy-mean_jct.svg",
+            "synergy-makespan.svg",
+            "synergy-max_rho.svg",
+        ],
     );
-    // Three loads, two policies, two allocations.
-    assert_eq!(read(&dir, "synergy.csv").lines().count(), 1 + 3 * 2 * 2);
+    // Four loads; Themis, SRTF and Gavel-FTF with both allocations, Synergy-Tune on SRTF and on
+    // Gavel-FTF. A GPU-proportional run is its own reference: no job later, ratio 1.
+    let csv = read(&dir, "synergy.csv");
+    assert_eq!(csv.lines().count(), 1 + 4 * 8);
+    assert_eq!(csv.matches(",synergy-srtf,sensitivity-aware,").count(), 4);
+    for line in csv
+        .lines()
+        .filter(|line| line.contains(",gpu-proportional,"))
+    {
+        assert!(line.ends_with(",0,1.0000"), "{line}");
+    }
 }

@@ -668,6 +668,28 @@ fn mixed_cluster_reports_are_unchanged() {
     }
 }
 
+/// Without CPUs or memory, Synergy-Tune's reports are its base policy's, byte for byte but for
+/// the policy's name.
+#[test]
+fn synergy_tune_is_its_base_policy_without_cpus_or_memory() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cluster =
+        clusters::load_cluster(clusters::shipped::path("gavel-108.toml")).expect("shipped");
+    let example =
+        agora_sim::trace::load_workload_json(root.join("workloads/example.json")).expect("shipped");
+    for (tune, base) in [
+        (Policy::SynergySrtf, Policy::Srtf),
+        (Policy::SynergyFtf, Policy::GavelFtf),
+    ] {
+        let report = |policy: Policy| {
+            let mut report = simulate(&cluster, &example, &config(policy), |_| {}).expect("runs");
+            report.summary.policy = base;
+            serde_json::to_string(&report).expect("serialisable")
+        };
+        assert_eq!(report(tune), report(base), "{tune}");
+    }
+}
+
 /// The simulator runs jobs at the speed their share of the machine's CPUs gives them. One
 /// machine of 4 GPUs and 12 CPUs; a CPU-hungry and a CPU-light job of 1000 iterations of 1 s on
 /// 2 GPUs each, both arriving at 0 (the split of `tests/engine/resources.rs`): with

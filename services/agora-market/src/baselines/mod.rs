@@ -5,18 +5,22 @@
 //! (`gavel.rs`), and OEF, for clusters of several GPU types, rounds an LP's GPU counts per type
 //! (`oef.rs`); the two share the grouping of GPUs into types and the rounding (`gpu_types.rs`).
 //! Shockwave plans a window of rounds with a mixed-integer program (`shockwave.rs`).
+//! Synergy-Tune places the GPUs SRTF or Gavel-FTF grant where the jobs' CPUs and memory fit
+//! (`tune.rs`).
 
 mod gavel;
 mod gpu_types;
 mod greedy;
 mod oef;
 mod shockwave;
+mod tune;
 
 use crate::app::{App, AppId};
 use crate::auction::OfferedGpu;
 use crate::fairness::FairnessContext;
 use crate::leftover::{hand_out_in_order, Recipient};
 use crate::policy::Policy;
+use crate::resources::MachineTenants;
 use crate::rho::RhoOld;
 use crate::time::Timestamp;
 use crate::topology::{GpuId, GpuLocation};
@@ -100,8 +104,12 @@ fn hand_out_the_rest(
 pub struct RoundView<'a> {
     pub now: Timestamp,
     pub free: &'a [OfferedGpu],
-    /// Apps with unmet demand, in app-id order.
+    /// Apps with unmet demand, in the round's standings order (worst off first).
     pub contenders: Vec<Contender<'a>>,
+    /// Each machine's CPUs and memory and the apps holding its GPUs, for the policies that
+    /// place by them ([`Policy::packs_cpus_and_memory`]); empty for the others and on clusters
+    /// that model neither resource.
+    pub machines: BTreeMap<u32, MachineTenants<'a, AppId>>,
 }
 
 /// The GPUs each app gets under `policy` (any policy but Themis, which runs the auction).
@@ -117,5 +125,10 @@ pub fn allocate(policy: Policy, view: &RoundView) -> BTreeMap<AppId, Vec<GpuId>>
         Policy::GavelFtf => gavel::allocate(view),
         Policy::Oef => oef::allocate(view),
         Policy::Shockwave => shockwave::allocate(view),
+        Policy::SynergySrtf => tune::place(
+            view,
+            greedy::by_bundle(view, greedy::negative_remaining_time_with_demand),
+        ),
+        Policy::SynergyFtf => tune::place(view, gavel::allocate(view)),
     }
 }

@@ -13,3 +13,4 @@ mod replay;
 mod resources;
 mod restore;
 mod support;
+mod tune;

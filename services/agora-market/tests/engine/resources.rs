@@ -222,7 +222,7 @@ fn curve() -> impl Strategy<Value = Vec<[f64; 2]>> {
     })
 }
 
-fn profile() -> impl Strategy<Value = Sensitivity> {
+pub fn profile() -> impl Strategy<Value = Sensitivity> {
     (curve(), curve()).prop_map(|(cpus, memory)| Sensitivity {
         cpus_per_gpu: cpus,
         memory_gib_per_gpu: memory
