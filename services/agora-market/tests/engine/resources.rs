@@ -13,16 +13,16 @@ use proptest::prelude::*;
 
 use crate::support::single_job_app;
 
-/// Needs three times the CPUs of its GPU-proportional 3 per GPU to run twice as fast.
-fn cpu_hungry() -> Sensitivity {
+/// Twice as fast with 6 CPUs per GPU as with its proportional 3: demands 6 per GPU.
+pub fn cpu_hungry() -> Sensitivity {
     Sensitivity {
         cpus_per_gpu: vec![[3.0, 1.0], [6.0, 2.0]],
         memory_gib_per_gpu: Vec::new(),
     }
 }
 
-/// Runs at full speed with one CPU per GPU.
-fn cpu_light() -> Sensitivity {
+/// Full speed with 1 CPU per GPU: demands 1 per GPU.
+pub fn cpu_light() -> Sensitivity {
     Sensitivity {
         cpus_per_gpu: vec![[1.0, 1.0]],
         memory_gib_per_gpu: Vec::new(),

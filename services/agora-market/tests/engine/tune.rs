@@ -15,24 +15,8 @@ use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, GpuIndex};
 use proptest::prelude::*;
 
-use crate::resources::profile;
+use crate::resources::{cpu_hungry, cpu_light, profile};
 use crate::support::{single_job_app, uniform_cluster};
-
-/// Twice as fast with 6 CPUs per GPU as with its proportional 3: demands 6 per GPU.
-fn cpu_hungry() -> Sensitivity {
-    Sensitivity {
-        cpus_per_gpu: vec![[3.0, 1.0], [6.0, 2.0]],
-        memory_gib_per_gpu: Vec::new(),
-    }
-}
-
-/// Full speed with 1 CPU per GPU: demands 1 per GPU.
-fn cpu_light() -> Sensitivity {
-    Sensitivity {
-        cpus_per_gpu: vec![[1.0, 1.0]],
-        memory_gib_per_gpu: Vec::new(),
-    }
-}
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)

@@ -121,6 +121,21 @@ impl Service {
         self.call_with(method, path, token, body, &[]).await
     }
 
+    /// Posts each bad body and checks it is refused with 422, the given problem code and a
+    /// detail that names the field.
+    pub async fn assert_refused(&self, path: &str, token: &str, bad: &[(Value, &str, &str)]) {
+        for (body, code, field) in bad {
+            let (status, answer) = self.call("POST", path, token, Some(body.clone())).await;
+            assert_eq!(
+                (status, answer["code"].as_str()),
+                (422, Some(*code)),
+                "{body}: {answer}"
+            );
+            let detail = answer["detail"].as_str().expect("detail");
+            assert!(detail.contains(field), "{body}: {detail}");
+        }
+    }
+
     pub async fn call_with(
         &self,
         method: &str,
