@@ -44,7 +44,7 @@ pub struct SimulateArgs {
     workload: String,
 
     /// Comma-separated policies: themis, gandiva, tiresias, optimus, slaq, srtf, srsf,
-    /// gavel-ftf, oef, shockwave.
+    /// gavel-ftf, oef, shockwave, synergy-srtf, synergy-ftf.
     #[arg(long, value_name = "LIST", default_value = "themis")]
     policy: String,
 
