@@ -95,12 +95,23 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             ),
         ));
     }
-    // From the bytes again (not the value), so that the message says where: serde names the
-    // field missing or unknown, and the line and column of a wrong value.
-    serde_json::from_slice(bytes).map_err(|error| {
+    // From the bytes again (not the value), so that the message says where: the path of the
+    // field with a wrong value (e.g. `app.job.speed_changes[0].serial_iteration_time`), then
+    // serde's own words, which name a field missing or unknown and the line and column.
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        let at = if path == "." {
+            String::new()
+        } else {
+            format!("{path}: ")
+        };
         ApiError::unprocessable(
             ErrorCode::InvalidBody,
-            format!("the body is JSON but not what this endpoint takes: {error}"),
+            format!(
+                "the body is JSON but not what this endpoint takes: {at}{}",
+                error.inner()
+            ),
         )
     })
 }
@@ -158,6 +169,7 @@ mod tests {
         assert!(detail.contains("count"), "{detail}");
         let (status, code, detail) = code_of(r#"{"name": "a", "count": -1}"#);
         assert_eq!((status, code), (422, ErrorCode::InvalidBody));
+        assert!(detail.contains("takes: count: invalid value"), "{detail}");
         assert!(detail.contains("column"), "{detail}");
         assert!(parse::<Named>(br#"{"name": "a", "count": 2}"#).is_ok());
     }
