@@ -104,7 +104,16 @@ fn sqlstate(error: &sqlx::Error) -> Option<String> {
 #[actix_web::test]
 async fn the_documented_queries_run_as_the_auditor_and_the_role_is_read_only() {
     let database = fresh_database().await;
-    let service = serve(&config(&database), start_clock()).await;
+    let mut settings = config(&database);
+    // Hosts with CPUs and memory, so that leases have a `lease_resources` history to query.
+    settings.fleet =
+        std::env::temp_dir().join(format!("agora-fleet-resources-{}.toml", std::process::id()));
+    std::fs::write(
+        &settings.fleet,
+        "[[racks]]\n[[racks.machines]]\ncount = 2\nslots = 1\ngpus_per_slot = 2\ngpu_type = \"A100\"\ncpus = 16\nmemory_gib = 64\n",
+    )
+    .expect("write fleet");
+    let service = serve(&settings, start_clock()).await;
     history(&service).await;
     let mut connection = PgConnection::connect(&database).await.expect("connect");
 
