@@ -177,8 +177,8 @@ class Lease:
     end_at: datetime
     state: str
     ended_at: datetime | None
-    cpus: float | None = None
-    memory_gib: float | None = None
+    cpus: float | None
+    memory_gib: float | None
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Lease:
@@ -191,8 +191,8 @@ class Lease:
             end_at=parse_time(body["end_at"]),
             state=body["state"],
             ended_at=_optional_time(body["ended_at"]),
-            cpus=body.get("cpus"),
-            memory_gib=body.get("memory_gib"),
+            cpus=body["cpus"],
+            memory_gib=body["memory_gib"],
         )
 
     @property
