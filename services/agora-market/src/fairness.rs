@@ -263,24 +263,15 @@ pub fn slowest_useful_speed(
     if floors.len() < 2 {
         return floors.first().copied().unwrap_or(1.0);
     }
-    let time_with = |floor: f64| {
-        phase_time_on(
-            jobs,
-            &at_least(gpus, speeds, floor),
-            speeds,
-            restart_pause_seconds,
-        )
-        .0
-    };
     let slowest = floors[floors.len() - 1];
     let mut best = (f64::INFINITY, slowest);
     for floor in floors {
-        let leaves_jobs_waiting =
-            floor > slowest && at_least(gpus, speeds, floor).len() < jobs.len();
+        let useful = at_least(gpus, speeds, floor);
+        let leaves_jobs_waiting = floor > slowest && useful.len() < jobs.len();
         if leaves_jobs_waiting {
             continue;
         }
-        let time = time_with(floor);
+        let time = phase_time_on(jobs, &useful, speeds, restart_pause_seconds).0;
         if time < best.0 {
             best = (time, floor);
         }

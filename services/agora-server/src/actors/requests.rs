@@ -240,8 +240,7 @@ impl Arbiter {
                 .ok_or(ArbiterError::AppNotActive(request.app))?;
             let slowdowns = app.apply_progress(&request.jobs)?;
             let finished = app.is_finished();
-            let state = serde_json::to_value(&app.kind)
-                .map_err(|error| ArbiterError::Internal(error.to_string()))?;
+            let state = stored_state(app)?;
             let mut commit = if finished {
                 self.stage_departure(&mut next, &id, request.app)?
             } else {
@@ -343,6 +342,12 @@ impl Handler<ReportSpeedChange> for Arbiter {
     }
 }
 
+/// The app as its `apps.state` column holds it: the search with every job's schedule and
+/// throughput table, what a restart restores.
+fn stored_state(app: &App) -> Result<serde_json::Value, ArbiterError> {
+    serde_json::to_value(&app.kind).map_err(|error| ArbiterError::Internal(error.to_string()))
+}
+
 impl Arbiter {
     /// The engine updates the app's table on a copy of the market; the commit stores the new
     /// table with the app's state and the report in `throughput_reports`.
@@ -364,7 +369,7 @@ impl Arbiter {
             .app_mut(&id)
             .ok_or(ArbiterError::AppNotActive(request.app))?;
         let internal = |error: serde_json::Error| ArbiterError::Internal(error.to_string());
-        let state = serde_json::to_value(&app.kind).map_err(internal)?;
+        let state = stored_state(app)?;
         let mut commit = Commit::default();
         commit.app_states.push((request.app, state));
         commit.throughput_reports.push(ThroughputSample {
@@ -394,7 +399,7 @@ impl Arbiter {
             phase: JobPhase::of(job),
         };
         let internal = |error: serde_json::Error| ArbiterError::Internal(error.to_string());
-        let state = serde_json::to_value(&app.kind).map_err(internal)?;
+        let state = stored_state(app)?;
         let mut commit = Commit::default();
         commit.app_states.push((request.app, state));
         commit.speed_change_reports.push(SpeedChangeSample {
