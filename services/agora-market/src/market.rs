@@ -984,14 +984,29 @@ impl Market {
     }
 
     /// Opens a round: offers the free GPUs to the worst ceil((1-f)*N) apps (at least one)
-    /// that still want GPUs. `None` when there is nothing to offer or nobody to offer it to.
+    /// that still want GPUs: more of them, or (on mixed types) faster ones than some they
+    /// hold. `None` when there is nothing to offer or nobody to offer it to.
     pub fn open_round(&self, now: Timestamp) -> Option<RoundOffer> {
         let free = self.free_gpus();
         let standings = self.standings(now);
         let bidder_count = self.config.bidders_per_round(standings.len());
+        let offered: Vec<GpuLocation> =
+            free.iter().map(|&gpu| self.cluster.location(gpu)).collect();
+        let wants_gpus = |standing: &Standing| {
+            standing.unmet_demand > 0
+                || self
+                    .participants
+                    .get(&standing.app)
+                    .is_some_and(|participant| {
+                        self.speeds(&participant.app).slower_than_best_of(
+                            &self.held_locations(&standing.app),
+                            offered.iter().copied(),
+                        ) > 0
+                    })
+        };
         let bidders: Vec<AppId> = standings
             .iter()
-            .filter(|standing| standing.unmet_demand > 0)
+            .filter(|standing| wants_gpus(standing))
             .take(bidder_count)
             .map(|standing| standing.app.clone())
             .collect();

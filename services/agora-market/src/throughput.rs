@@ -191,6 +191,22 @@ impl GpuSpeeds {
         }
     }
 
+    /// How many of the `held` GPUs run slower than the fastest of `offered`: those an app
+    /// whose demand is met could still trade up (0 on one type, or with no table).
+    pub fn slower_than_best_of(
+        &self,
+        held: &[GpuLocation],
+        offered: impl IntoIterator<Item = GpuLocation>,
+    ) -> usize {
+        let fastest = offered
+            .into_iter()
+            .map(|location| self.at(location))
+            .fold(f64::NEG_INFINITY, f64::max);
+        held.iter()
+            .filter(|&&location| self.at(location) < fastest)
+            .count()
+    }
+
     /// The speed on the GPU at `location` (1.0 outside the cluster).
     pub fn at(&self, location: GpuLocation) -> f64 {
         self.by_slot

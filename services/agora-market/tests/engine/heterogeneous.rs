@@ -345,3 +345,62 @@ fn a_throughput_report_moves_rho_on_its_type_only() {
         .throughput();
     assert_eq!(a_table, &table(1.0, 2.0), "refused reports change nothing");
 }
+
+/// An app whose demand is met still bids when it holds a GPU slower than an offered one, so
+/// the worst-off app is not left on a K80 while V100s go to others (the Gavel 108 trace, 3x:
+/// a DeepSpeech app held two K80s to the end at rho 1.15). One job of 1000 s at the K80's
+/// speed, 4x on a V100, 1 GPU, alone (N_avg 1): T_id = 250 s; on its K80 rho = 1000 / 250 =
+/// 4, on a V100 1 (holding both, its scheduler leaves the K80 idle). With the same speed on
+/// both types nothing is gained, and it is not invited.
+#[test]
+fn an_app_whose_demand_is_met_trades_a_slow_gpu_for_a_fast_one() {
+    use agora_market::market::Withdrawal;
+    let config = MarketConfig {
+        restart_pause: std::time::Duration::ZERO,
+        ..MarketConfig::default()
+    };
+    let (v0, v1) = (GpuIndex(0), GpuIndex(1));
+    for (v100_speed, trades_up) in [(4.0, true), (1.0, false)] {
+        let mut market = Market::new(two_types(), config, Timestamp(0)).expect("valid config");
+        let mut one_gpu = single_job_app("a", 1, 1000, 1.0);
+        *one_gpu.throughput_mut() = table(1.0, v100_speed);
+        market.add_app(one_gpu, Timestamp(0)).expect("admitted");
+        for gpu in [v0, v1] {
+            market.set_withdrawn(gpu, Withdrawal::Drained, true);
+        }
+        market
+            .run_round(Timestamp(0), 1)
+            .expect("K80s to offer")
+            .expect("a valid round");
+        assert_eq!(v100s_and_k80s(&market, "a"), (0, 1));
+        for gpu in [v0, v1] {
+            market.set_withdrawn(gpu, Withdrawal::Drained, false);
+        }
+
+        let offer = market.open_round(Timestamp(0));
+        if !trades_up {
+            assert!(offer.is_none(), "an app that gains nothing is not invited");
+            continue;
+        }
+        let offer = offer.expect("the V100s are offered");
+        assert_eq!(offer.bidders, vec!["a".into()], "demand met, yet invited");
+        let bid = market.agent_bid(&offer, &"a".into()).expect("known app");
+        assert_eq!(bid.rho_old.expect("holds a K80").get(), 4.0);
+        let best = bid
+            .bids
+            .iter()
+            .min_by(|x, y| x.rho.get().total_cmp(&y.rho.get()))
+            .expect("a trade-up entry");
+        assert_eq!((best.gpus.len(), is_v100(&best.gpus[0])), (1, true));
+        assert_eq!(best.rho.get(), 1.0);
+        market
+            .run_round(Timestamp(0), 2)
+            .expect("V100s to offer")
+            .expect("a valid round");
+        assert_eq!(v100s_and_k80s(&market, "a"), (1, 1));
+        let rho = market
+            .current_rho(&"a".into(), Timestamp(0))
+            .expect("known");
+        assert_eq!(rho.expect("holds GPUs").get(), 1.0);
+    }
+}
