@@ -448,9 +448,10 @@ impl PerformanceCurveAgent for PerformanceCurve {
     }
 }
 
-/// The three kinds of app the engine estimates finish times for.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+/// The three kinds of app the engine estimates finish times for. Written with `kind` beside
+/// the kind's own fields; read by [`AppKind::deserialize`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum AppKind {
     SingleJob {
         job: Job,
@@ -463,6 +464,71 @@ pub enum AppKind {
     },
     SuccessiveHalving(SuccessiveHalving),
     PerformanceCurve(PerformanceCurve),
+}
+
+/// The fields of [`AppKind::SingleJob`], read apart from its tag.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SingleJobFields {
+    job: Job,
+    #[serde(default)]
+    throughput: Throughput,
+    #[serde(default)]
+    sensitivity: Sensitivity,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum AppKindTag {
+    SingleJob,
+    SuccessiveHalving,
+    PerformanceCurve,
+}
+
+/// Reads the object whole, takes `kind` out and reads the rest as that kind's fields, so that
+/// an error names the field inside the app (`job.throughput.v100: invalid type: ...`). Serde's
+/// derived reading of a tagged enum buffers the object and loses that path.
+impl<'de> Deserialize<'de> for AppKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut fields = serde_json::Map::deserialize(deserializer)?;
+        let tag = fields
+            .remove("kind")
+            .ok_or_else(|| D::Error::missing_field("kind"))?;
+        let rest = serde_json::Value::Object(fields);
+        Ok(match read::<AppKindTag, D::Error>(tag, "kind")? {
+            AppKindTag::SingleJob => {
+                let fields: SingleJobFields = read(rest, "")?;
+                AppKind::SingleJob {
+                    job: fields.job,
+                    throughput: fields.throughput,
+                    sensitivity: fields.sensitivity,
+                }
+            }
+            AppKindTag::SuccessiveHalving => AppKind::SuccessiveHalving(read(rest, "")?),
+            AppKindTag::PerformanceCurve => AppKind::PerformanceCurve(read(rest, "")?),
+        })
+    }
+}
+
+/// `value` as a `T`, or an error that starts with the path of the bad value under `at`.
+fn read<T: serde::de::DeserializeOwned, E: serde::de::Error>(
+    value: serde_json::Value,
+    at: &str,
+) -> Result<T, E> {
+    serde_path_to_error::deserialize(value).map_err(|error| {
+        let path = error.path().to_string();
+        let path = match (at, path.as_str()) {
+            (at, ".") => at.to_owned(),
+            ("", path) => path.to_owned(),
+            (at, path) => format!("{at}.{path}"),
+        };
+        if path.is_empty() {
+            E::custom(error.inner())
+        } else {
+            E::custom(format_args!("{path}: {}", error.inner()))
+        }
+    })
 }
 
 /// `AppKind`'s schema: one object per kind, `kind` beside the kind's own fields, as serde reads
@@ -799,6 +865,59 @@ impl App {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bad value inside an app is named by its path in the app, for every kind, with the tag
+    /// anywhere in the object; a missing or unknown kind and an unknown field are named too.
+    #[test]
+    fn a_bad_app_is_refused_naming_the_field_inside_it() {
+        let job =
+            r#"{"id": "j", "total_iterations": 10, "serial_iteration_time": 1.0, "max_gpus": 1}"#;
+        let cases = [
+            (
+                format!(
+                    r#"{{"job": {job}, "throughput": {{"v100": "fast"}}, "kind": "single_job"}}"#
+                ),
+                "throughput.v100: invalid type: string \"fast\", expected f64",
+            ),
+            (
+                r#"{"kind": "single_job", "job": {"id": "j", "total_iterations": -1}}"#.to_owned(),
+                "job.total_iterations: invalid value: integer `-1`",
+            ),
+            (
+                format!(
+                    r#"{{"kind": "performance_curve", "jobs": [{{"job": {job}, "predicted_final_iteration": "x"}}]}}"#
+                ),
+                "jobs[0].predicted_final_iteration: invalid type: string",
+            ),
+            (
+                format!(r#"{{"kind": "successive_halving", "jobs": [{job}], "sensitivity": 3}}"#),
+                "sensitivity: invalid type: integer `3`",
+            ),
+            (format!(r#"{{"job": {job}}}"#), "missing field `kind`"),
+            (
+                format!(r#"{{"kind": "nope", "job": {job}}}"#),
+                "kind: unknown variant `nope`",
+            ),
+            (
+                format!(r#"{{"kind": "single_job", "job": {job}, "extra": 1}}"#),
+                "extra: unknown field `extra`",
+            ),
+        ];
+        for (json, expected) in cases {
+            let error = serde_json::from_str::<AppKind>(&json)
+                .expect_err(&json)
+                .to_string();
+            assert!(error.starts_with(expected), "{json}: {error}");
+        }
+        let good =
+            format!(r#"{{"job": {job}, "throughput": {{"v100": 2.0}}, "kind": "single_job"}}"#);
+        let app: AppKind = serde_json::from_str(&good).expect("valid");
+        let written = serde_json::to_value(&app).expect("serialisable");
+        assert_eq!(
+            serde_json::from_value::<AppKind>(written).expect("reads back"),
+            app
+        );
+    }
 
     fn job(id: &str, completed: u64, max_gpus: u32) -> Job {
         Job {

@@ -750,11 +750,10 @@ async fn a_hosts_cpus_and_memory_go_with_its_leases_and_their_history_is_kept() 
             json!({ "cpus_per_gpu": [[-4.0, 1.0]] }),
             "sensitivity.cpus_per_gpu[0]",
         ),
-        // Not a number: the path stops at `app` (its `kind` tag makes serde read the app
-        // whole before it picks the variant), then serde says what it expected and where.
+        // Not a number: the path in the app, then what serde expected and where.
         (
             json!({ "cpus_per_gpu": [[4.0, "fast"]] }),
-            "app: invalid type: string \"fast\", expected f64 at line 1",
+            "app: sensitivity.cpus_per_gpu[0]",
         ),
         (
             json!({ "memory_gib_per_gpu": [[100.0, 1.0]] }),
