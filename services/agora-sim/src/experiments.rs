@@ -66,6 +66,11 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
          clusters at 1x-4x contention (Workload 1)",
     ),
     (
+        "heterogeneous-seeds",
+        "the heterogeneous experiment's max rho on other draws: Workload 1 seeds 1-2 and \
+         Workload 2 seeds 0-2, every policy, and Themis's rank at each point",
+    ),
+    (
         "adaptation",
         "static vs dynamic (batch-size scaling) jobs: max rho, share with rho > 1, makespan \
          and mean JCT per policy, Themis told the schedule or only the current speed",
@@ -87,6 +92,8 @@ pub struct ExperimentScale {
     pub duration_scale: f64,
     /// Independent seeds for experiments with random errors (Fig 17).
     pub error_seeds: u64,
+    /// Workload draws of `heterogeneous-seeds` (at most five).
+    pub workload_draws: usize,
     /// Worker threads (0: all available cores).
     pub threads: usize,
 }
@@ -98,6 +105,7 @@ impl ExperimentScale {
             apps: generate::DEFAULT_APPS,
             duration_scale: generate::DEFAULT_DURATION_SCALE,
             error_seeds: 3,
+            workload_draws: 5,
             threads: 0,
         }
     }
@@ -108,12 +116,17 @@ impl ExperimentScale {
             apps: 2,
             duration_scale: 0.01,
             error_seeds: 1,
+            workload_draws: 1,
             threads: 0,
         }
     }
 
     fn generator(&self) -> GeneratorConfig {
-        GeneratorConfig::philly_like(self.apps, 0, self.duration_scale)
+        self.generator_with_seed(0)
+    }
+
+    fn generator_with_seed(&self, seed: u64) -> GeneratorConfig {
+        GeneratorConfig::philly_like(self.apps, seed, self.duration_scale)
     }
 }
 
@@ -194,6 +207,7 @@ pub fn run_experiment(
         "fig18-liar" => liar(&mut out, scale)?,
         "fig19-sensitivity" => sensitivity(&mut out, scale)?,
         "heterogeneous" => heterogeneous(&mut out, scale)?,
+        "heterogeneous-seeds" => heterogeneous_seeds(&mut out, scale)?,
         "adaptation" => adaptation(&mut out, scale)?,
         "synergy" => synergy(&mut out, scale)?,
         _ => return Err(ExperimentError::Unknown(name.to_owned())),
@@ -639,6 +653,140 @@ fn contention(out: &mut Output, scale: ExperimentScale) -> Result<String, Experi
     Ok(summary)
 }
 
+/// The contention levels of the heterogeneous experiments: the cluster cut to 1, 1/2, 1/3 and
+/// 1/4 of its machines.
+const MIXED_CONTENTION: [f64; 4] = [1.0, 2.0, 3.0, 4.0];
+
+/// Gavel's 108-GPU cluster and the mixed 256-GPU cluster, each at every [`MIXED_CONTENTION`].
+fn mixed_clusters() -> Result<Vec<(&'static str, Vec<Cluster>)>, ExperimentError> {
+    [
+        ("gavel108", shipped::GAVEL_108),
+        ("mixed256", shipped::THEMIS_SIM_256_MIXED),
+    ]
+    .into_iter()
+    .map(|(name, file)| {
+        let spec = clusters::load_cluster_spec(shipped::path(file))?;
+        let clusters = MIXED_CONTENTION
+            .iter()
+            .map(|&c| {
+                Ok(Cluster::from_spec(&clusters::scale_cluster(
+                    &spec,
+                    1.0 / c,
+                )?)?)
+            })
+            .collect::<Result<_, ExperimentError>>()?;
+        Ok((name, clusters))
+    })
+    .collect()
+}
+
+/// The heterogeneous experiment on draws it was not looked at with: Workload 1 with seeds 1
+/// and 2 and Workload 2 with seeds 0-2, both mixed clusters at 1x-4x, every policy. Reports
+/// each point's lowest max rho and Themis's rank, and charts Themis's max rho over the lowest
+/// of the other policies (at or below 1: Themis is the fairest there).
+fn heterogeneous_seeds(
+    out: &mut Output,
+    scale: ExperimentScale,
+) -> Result<String, ExperimentError> {
+    let draws: [(&str, generate::Generator, u64); 5] = [
+        ("workload1", generate::workload1, 1),
+        ("workload1", generate::workload1, 2),
+        ("workload2", generate::workload2, 0),
+        ("workload2", generate::workload2, 1),
+        ("workload2", generate::workload2, 2),
+    ];
+    let draws = &draws[..draws.len().min(scale.error_seeds.max(1) as usize)];
+    let workloads: Vec<Workload> = draws
+        .iter()
+        .map(|(_, generator, seed)| generator(&scale.generator_with_seed(*seed)))
+        .collect::<Result<_, _>>()?;
+    let clusters = mixed_clusters()?;
+    let mut points = Vec::new();
+    for ((workload_name, _, seed), workload) in draws.iter().zip(&workloads) {
+        for (cluster_name, scaled) in &clusters {
+            for (cluster, c) in scaled.iter().zip(MIXED_CONTENTION) {
+                points.push((
+                    format!("{workload_name} s{seed} {cluster_name} x{c}"),
+                    cluster,
+                    workload,
+                ));
+            }
+        }
+    }
+    let reports = simulate_all(
+        &every_policy(
+            points
+                .iter()
+                .map(|(label, cluster, workload)| (label.clone(), *cluster, *workload)),
+        ),
+        scale.threads,
+    )?;
+    let mut csv = String::from(
+        "workload,seed,cluster,contention,policy,unfinished_apps,max_rho,jains_index,mean_jct_hours\n",
+    );
+    let mut series: Vec<Series> = Vec::new();
+    let (mut lowest_count, mut total) = (0, 0);
+    let mut summary = String::new();
+    let mut at_point = reports.chunks(Policy::ALL.len());
+    for (workload_name, _, seed) in draws {
+        for (cluster_name, _) in &clusters {
+            let mut ratios = Vec::new();
+            for c in MIXED_CONTENTION {
+                let at = at_point.next().expect("a report per point and policy");
+                for (policy, report) in Policy::ALL.iter().zip(at) {
+                    let s = &report.summary;
+                    let _ = writeln!(
+                        csv,
+                        "{workload_name},{seed},{cluster_name},{c},{policy},{},{:.6},{:.6},{:.6}",
+                        s.unfinished_apps,
+                        s.max_rho,
+                        s.jains_index,
+                        s.mean_completion_seconds / HOURS
+                    );
+                }
+                let themis = at[0].summary.max_rho;
+                let best_other = at[1..]
+                    .iter()
+                    .map(|report| report.summary.max_rho)
+                    .fold(f64::INFINITY, f64::min);
+                let rank = 1 + at[1..]
+                    .iter()
+                    .filter(|r| r.summary.max_rho < themis)
+                    .count();
+                total += 1;
+                lowest_count += usize::from(rank == 1);
+                ratios.push((c, themis / best_other));
+                if rank > 1 {
+                    let _ = writeln!(
+                        summary,
+                        "  {workload_name} seed {seed} {cluster_name} {c}x: themis {themis:.3}, rank {rank} of {}; lowest {best_other:.3}",
+                        Policy::ALL.len()
+                    );
+                }
+            }
+            series.push(Series::new(
+                format!("{workload_name} s{seed} {cluster_name}"),
+                ratios,
+            ));
+        }
+    }
+    out.csv("heterogeneous-seeds.csv", &csv)?;
+    out.lines(
+        "heterogeneous-seeds-themis-vs-lowest.svg",
+        &LineChart {
+            title: "Themis's max rho / the lowest other policy's, per draw and cluster",
+            x_label: "contention (1 / cluster fraction)",
+            y_label: "max rho ratio (<= 1: Themis the fairest)",
+            markers: true,
+            steps: false,
+        },
+        &series,
+    )?;
+    Ok(format!(
+        "themis has the lowest max rho (ties included) at {lowest_count} of {total} points; elsewhere:\n{summary}"
+    ))
+}
+
 /// A column of the heterogeneous experiment: CSV name, chart label, value of a run.
 type Metric = (&'static str, &'static str, fn(&RunSummary) -> f64);
 
@@ -658,22 +806,9 @@ const HETEROGENEOUS_METRICS: [Metric; 4] = [
 /// models' measured speeds per type (`models::throughput_of`).
 fn heterogeneous(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
     let workload = generate::workload1(&scale.generator())?;
-    let contention = [1.0, 2.0, 3.0, 4.0];
+    let contention = MIXED_CONTENTION;
     let mut summary = String::new();
-    for (name, file) in [
-        ("gavel108", shipped::GAVEL_108),
-        ("mixed256", shipped::THEMIS_SIM_256_MIXED),
-    ] {
-        let spec = clusters::load_cluster_spec(shipped::path(file))?;
-        let clusters: Vec<Cluster> = contention
-            .iter()
-            .map(|&c| {
-                Ok(Cluster::from_spec(&clusters::scale_cluster(
-                    &spec,
-                    1.0 / c,
-                )?)?)
-            })
-            .collect::<Result<_, ExperimentError>>()?;
+    for (name, clusters) in mixed_clusters()? {
         let runs = every_policy(
             clusters
                 .iter()

@@ -41,7 +41,7 @@ fn check(name: &str, csvs: &[(&str, &str)], svgs: &[&str]) -> PathBuf {
 
 #[test]
 fn every_listed_experiment_is_known_and_unknown_names_are_rejected() {
-    assert_eq!(EXPERIMENTS.len(), 11);
+    assert_eq!(EXPERIMENTS.len(), 12);
     let error = run_experiment("fig99", &out_dir("unknown"), ExperimentScale::tiny())
         .expect_err("not an experiment");
     assert!(error.to_string().contains("fig18-liar"), "{error}");
@@ -222,6 +222,23 @@ fn heterogeneous() {
     assert_eq!(
         read(&dir, "heterogeneous-gavel108.csv").lines().count(),
         1 + 4 * Policy::ALL.len()
+    );
+}
+
+#[test]
+fn heterogeneous_seeds() {
+    let dir = check(
+        "heterogeneous-seeds",
+        &[(
+            "heterogeneous-seeds.csv",
+            "workload,seed,cluster,contention,policy,unfinished_apps,max_rho,jains_index,mean_jct_hours",
+        )],
+        &["heterogeneous-seeds-themis-vs-lowest.svg"],
+    );
+    // One draw at the tiny scale, on two clusters at four contentions, every policy.
+    assert_eq!(
+        read(&dir, "heterogeneous-seeds.csv").lines().count(),
+        1 + 2 * 4 * Policy::ALL.len()
     );
 }
 
