@@ -695,7 +695,7 @@ fn heterogeneous_seeds(
         ("workload2", generate::workload2, 1),
         ("workload2", generate::workload2, 2),
     ];
-    let draws = &draws[..draws.len().min(scale.error_seeds.max(1) as usize)];
+    let draws = &draws[..scale.workload_draws.clamp(1, draws.len())];
     let workloads: Vec<Workload> = draws
         .iter()
         .map(|(_, generator, seed)| generator(&scale.generator_with_seed(*seed)))
