@@ -51,9 +51,9 @@ impl PreparedOffer {
 
 /// The bid of `app`, holding GPUs at `held`, for `offer`: rho_old (nothing new) and, for each
 /// count up to its unmet demand (or its GPUs slower than an offered one, if more), the
-/// best-placed bundles that improve on it. `claimed` are the
-/// offered GPUs whose lease the app held until this round: bundles are sought near them, and
-/// they themselves are a candidate, so an app can renew onto the GPUs its jobs run on.
+/// best-placed bundles that improve on it. `claimed` are the offered GPUs whose lease the app
+/// held until this round: bundles are sought near them, and they themselves are a candidate,
+/// so an app can renew onto the GPUs its jobs run on.
 pub fn generate_bid(
     app: &App,
     held: &[GpuLocation],

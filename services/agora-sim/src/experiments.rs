@@ -713,14 +713,7 @@ fn heterogeneous_seeds(
             }
         }
     }
-    let reports = simulate_all(
-        &every_policy(
-            points
-                .iter()
-                .map(|(label, cluster, workload)| (label.clone(), *cluster, *workload)),
-        ),
-        scale.threads,
-    )?;
+    let reports = simulate_all(&every_policy(points.into_iter()), scale.threads)?;
     let mut csv = String::from(
         "workload,seed,cluster,contention,policy,unfinished_apps,max_rho,jains_index,mean_jct_hours\n",
     );
