@@ -19,9 +19,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use agora_market::app::AppId;
 pub use agora_market::live::ReopenedRound;
-use agora_market::live::{
-    DecideJob, Effect, Event, LiveMarket, LiveSettings, Record, Recovered, RoundId,
-};
+use agora_market::live::{Effect, Event, LiveMarket, LiveSettings, Recovered};
 use agora_market::market::Market;
 use agora_market::time::Timestamp;
 use agora_protocol::Enforcement;
@@ -31,7 +29,6 @@ use tracing::Instrument;
 use super::agent::{AgentBid, AppAgent, BidRequest, Bidding};
 use super::gpu_worker::{GpuCommand, GpuWorker};
 use super::lease_manager::{LeaseManager, Schedule, Timer, TimerFired};
-use super::records;
 use super::ArbiterError;
 use crate::clock::Clock;
 use crate::metrics::metrics;
@@ -93,7 +90,7 @@ pub struct Arbiter {
     /// Restored from the database, waiting for the actors to start.
     restored_members: Vec<(AppId, i64, Bidding, Enforcement)>,
     /// The trace of the round in progress.
-    round_trace: Option<RoundTrace>,
+    pub(super) round_trace: Option<RoundTrace>,
     /// Told why, if the arbiter stops because a decision was not committed.
     failed: Option<oneshot::Sender<String>>,
 }
@@ -290,7 +287,7 @@ impl Arbiter {
     }
 
     /// Queues a record of the state machine's, in the background.
-    fn queue(&mut self, commit: Result<Commit, ArbiterError>, ctx: &mut Context<Self>) {
+    pub(super) fn queue(&mut self, commit: Result<Commit, ArbiterError>, ctx: &mut Context<Self>) {
         match commit {
             Ok(commit) => {
                 let durable = self.writer.commit(commit, self.now());
@@ -305,80 +302,6 @@ impl Arbiter {
                 ctx,
             ),
         }
-    }
-
-    /// Writes a record of the state machine's, within the span it belongs to.
-    fn write(&mut self, record: Record, began: Instant, ctx: &mut Context<Self>) {
-        let commit = records::of_record(self.market(), self.now(), &record);
-        match record {
-            Record::RoundOpened {
-                id, offer, span, ..
-            } => {
-                metrics().observe_standings(&offer.standings);
-                let (gpus, bidders) = (offer.offer.offer.gpus.len(), offer.bidders.len());
-                let offering = tracing::info_span!(parent: &span, "offer", gpus, bidders);
-                self.round_trace = Some(RoundTrace::collecting_bids(id, span, began));
-                offering.in_scope(|| self.queue(commit, ctx));
-            }
-            Record::RoundClosed { id, outcome, .. } => {
-                let trace = self.round_trace.take_if(|trace| trace.round == id);
-                let _round = trace.as_ref().map(|trace| trace.span.clone().entered());
-                let (bidders, leases) = (outcome.bidders.len(), outcome.leases.len());
-                tracing::info!(round = id, bidders, leases, "round closed");
-                if let Some(trace) = &trace {
-                    metrics().round_closed(trace.began().elapsed());
-                }
-                self.queue(commit, ctx);
-            }
-            Record::RoundAbandoned { id, .. } => {
-                let trace = self.round_trace.take_if(|trace| trace.round == id);
-                let _round = trace.map(|trace| trace.span.entered());
-                self.queue(commit, ctx);
-            }
-            Record::LeasesExpired { .. } => self.queue(commit, ctx),
-            Record::NoticeServed { revoked, .. } => {
-                metrics().leases_revoked(revoked.iter().count());
-                self.queue(commit, ctx);
-            }
-            Record::HostsDown { hosts } => {
-                metrics().leases_revoked(hosts.iter().map(|host| host.revoked.len()).sum());
-                self.queue(commit, ctx);
-                for host in &hosts {
-                    self.mirror_service(&host.host);
-                    tracing::warn!(host = %host.host, "GPU host stopped heartbeating; its leases were revoked");
-                }
-            }
-        }
-    }
-
-    /// The trace of round `round`: a round reopened after a restart continues in a new one.
-    fn trace_of(&mut self, round: RoundId) -> &mut RoundTrace {
-        let trace = self.round_trace.take_if(|trace| trace.round == round);
-        self.round_trace.insert(trace.unwrap_or_else(|| {
-            let span = tracing::info_span!(parent: None, "auction_round", round);
-            RoundTrace::collecting_bids(round, span, Instant::now())
-        }))
-    }
-
-    /// Decides a round on a blocking thread (the solver may take long; meanwhile the mailbox
-    /// goes on serving releases, progress and registrations) and feeds the decision back.
-    fn decide(&mut self, job: Box<DecideJob>, ctx: &mut Context<Self>) {
-        let round = job.round;
-        let trace = self.trace_of(round);
-        trace.bids_collected();
-        let round_span = trace.span.clone();
-        let solver_span = round_span.clone();
-        let decided =
-            actix_web::rt::task::spawn_blocking(move || solver_span.in_scope(|| job.run()));
-        let settle = decided.into_actor(self).map(move |decided, arbiter, ctx| {
-            let decided = match decided {
-                Ok(decided) => decided.map(Box::new).map_err(|error| error.to_string()),
-                Err(panic) => Err(format!("the auction failed: {panic}")),
-            };
-            let _round = round_span.enter();
-            arbiter.feed(Event::Decided { round, decided }, ctx);
-        });
-        ctx.spawn(settle);
     }
 
     fn after_commit(&mut self, commit: &Commit) {

@@ -11,6 +11,7 @@ pub mod hosts;
 pub mod lease_manager;
 pub(crate) mod records;
 pub mod requests;
+mod rounds;
 
 use agora_market::auction::AuctionError;
 use agora_market::progress::{ProgressError, SpeedChangeError};
