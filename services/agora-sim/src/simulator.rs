@@ -632,7 +632,8 @@ impl<'a> World<'a> {
                 })
                 .collect();
             // Slower types that would only slow its jobs down stay idle, as the job model
-            // plans; a job already running on one keeps it rather than pause to move.
+            // plans; a job already running on one keeps it until moving to a faster GPU of
+            // the app's saves more than the pause.
             let locations: Vec<GpuLocation> =
                 app.gpus.iter().map(|&gpu| cluster.location(gpu)).collect();
             let floor = slowest_useful_speed(
@@ -743,7 +744,9 @@ impl JobPlacement {
 /// How an app's scheduler places its running jobs on `held` (the app's GPUs), as the job
 /// model does ([`job_widths`], [`place_widths`]) but without moving a job for nothing:
 ///
-/// - a job keeps its GPUs, at the width it started with, while the app holds them all;
+/// - a job keeps its GPUs, at the width it started with, while the app holds them all, unless
+///   it runs on a GPU slower than a free one of another type of the app's and moving to the
+///   fastest would save more than the restart pause ([`move_to_faster`]);
 /// - when it enters a new phase, the app got more GPUs, or it runs on fewer GPUs than it did
 ///   earlier in the phase (it lost some at a lease's end) while the app holds idle ones, a job
 ///   whose width should change is
@@ -804,6 +807,14 @@ fn place_jobs(
             }
         })
         .collect();
+    move_to_faster(
+        jobs,
+        &mut placed,
+        held,
+        cluster,
+        speeds,
+        restart_pause_seconds,
+    );
     let queueing = placed.iter().any(|gpus| !gpus.is_empty());
     let mut by_work: Vec<usize> = (0..jobs.len()).collect();
     by_work.sort_by(|&a, &b| work[b].total_cmp(&work[a]).then(a.cmp(&b)));
@@ -840,6 +851,60 @@ fn place_jobs(
 }
 
 /// The GPUs of `held` no job has been placed on, in `held`'s order.
+/// Unplaces each kept job (most work first) whose slowest GPU is slower than a free one of
+/// another type of the app's, when the fastest GPUs among its own and the free ones would save
+/// it more than the restart pause: its scheduler checkpoints it and resumes it there, as the
+/// job model plans (it leaves a slower type idle when a faster one does better). On one GPU
+/// type nothing moves, also where machines' CPU shares make the app's speeds differ (the
+/// shares follow the GPUs, so moving for them would chase its own tail).
+fn move_to_faster(
+    jobs: &[JobPlacement],
+    placed: &mut [Vec<GpuIndex>],
+    held: &[GpuIndex],
+    cluster: &Cluster,
+    speeds: &GpuSpeeds,
+    restart_pause_seconds: f64,
+) {
+    let speed = |gpu: GpuIndex| speeds.at(cluster.location(gpu));
+    let gpu_type = |gpu: GpuIndex| cluster.gpu(gpu).gpu_type.as_str();
+    let mut kept: Vec<usize> = (0..jobs.len())
+        .filter(|&job| !placed[job].is_empty())
+        .collect();
+    kept.sort_by(|&a, &b| jobs[b].work.total_cmp(&jobs[a].work).then(a.cmp(&b)));
+    for job in kept {
+        let free = free_gpus(held, placed);
+        let slowest = placed[job]
+            .iter()
+            .map(|&gpu| speed(gpu))
+            .fold(f64::INFINITY, f64::min);
+        let slowest_types: BTreeSet<&str> = placed[job]
+            .iter()
+            .filter(|&&gpu| speed(gpu) == slowest)
+            .map(|&gpu| gpu_type(gpu))
+            .collect();
+        if !free
+            .iter()
+            .any(|&gpu| speed(gpu) > slowest && !slowest_types.contains(gpu_type(gpu)))
+        {
+            continue;
+        }
+        let mut fastest = free;
+        fastest.extend(&placed[job]);
+        fastest.sort_by(|&a, &b| {
+            speed(b)
+                .total_cmp(&speed(a))
+                .then(cluster.location(a).cmp(&cluster.location(b)))
+                .then(a.cmp(&b))
+        });
+        fastest.truncate(placed[job].len());
+        let saved = jobs[job].time_on(&placed[job], cluster, speeds)
+            - jobs[job].time_on(&fastest, cluster, speeds);
+        if saved > restart_pause_seconds {
+            placed[job].clear();
+        }
+    }
+}
+
 fn free_gpus(held: &[GpuIndex], placed: &[Vec<GpuIndex>]) -> Vec<GpuIndex> {
     let taken: BTreeSet<GpuIndex> = placed.iter().flatten().copied().collect();
     held.iter()
@@ -1012,5 +1077,75 @@ fn copy_progress(truth: &App, reported: &mut App) {
             job.completed_iterations = completed;
             job.stopped = stopped;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agora_market::throughput::Throughput;
+    use agora_market::topology::{Gpu, GpuId};
+
+    use super::*;
+
+    /// GPU 0 of `first` in slot 0 on machine 0, GPU 1 of `second` in slot 1 on `machine`.
+    fn two_gpus(first: &str, second: &str, machine: u32) -> Cluster {
+        let gpu = |id: &str, gpu_type: &str, machine: u32, slot: u32| Gpu {
+            id: GpuId::from(id),
+            gpu_type: gpu_type.to_owned(),
+            location: GpuLocation {
+                rack: 0,
+                machine,
+                slot,
+            },
+        };
+        Cluster::new(vec![gpu("g0", first, 0, 0), gpu("g1", second, machine, 1)])
+            .expect("valid cluster")
+    }
+
+    /// Where one job of `work` K80-seconds on one GPU goes, kept on GPU 1 while GPU 0 stands
+    /// free.
+    fn placed(work: f64, cluster: &Cluster, speeds: &GpuSpeeds) -> Vec<Vec<GpuIndex>> {
+        let job = JobPlacement {
+            work,
+            max_gpus: 1,
+            slowdown: PlacementSlowdown::NONE,
+            current: vec![GpuIndex(1)],
+            may_resize: false,
+        };
+        place_jobs(&[job], &[GpuIndex(0), GpuIndex(1)], cluster, speeds, 35.0)
+    }
+
+    /// A V100 (GPU 0) and a K80 (GPU 1). 4x faster on the V100: 1000 s of work saves 750 s
+    /// there, far more than the 35 s pause, so the job moves; 40 s of work saves 30 s, less
+    /// than the pause, so it stays. On one speed nothing is saved and nothing moves.
+    #[test]
+    fn a_job_moves_to_a_faster_free_gpu_of_its_app_only_when_that_beats_the_pause() {
+        let cluster = two_gpus("v100", "k80", 0);
+        let speeds = |v100: f64| {
+            let table = Throughput([("k80".to_owned(), 1.0), ("v100".to_owned(), v100)].into());
+            GpuSpeeds::of(&table, &cluster)
+        };
+        assert_eq!(
+            placed(1000.0, &cluster, &speeds(4.0)),
+            vec![vec![GpuIndex(0)]]
+        );
+        assert_eq!(
+            placed(40.0, &cluster, &speeds(4.0)),
+            vec![vec![GpuIndex(1)]]
+        );
+        assert_eq!(
+            placed(1000.0, &cluster, &speeds(1.0)),
+            vec![vec![GpuIndex(1)]]
+        );
+    }
+
+    /// Two V100s on two machines, the app 4x slower on machine 1 (its CPU share there): the
+    /// share follows the GPUs, so the job is not moved for it.
+    #[test]
+    fn a_job_does_not_move_for_a_cpu_share_on_its_own_gpu_type() {
+        let cluster = two_gpus("v100", "v100", 1);
+        let speeds = GpuSpeeds::UNIFORM
+            .scaled_per_machine(&cluster, |machine| [1.0, 0.25][machine as usize]);
+        assert_eq!(placed(1000.0, &cluster, &speeds), vec![vec![GpuIndex(1)]]);
     }
 }
