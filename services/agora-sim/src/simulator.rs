@@ -850,7 +850,6 @@ fn place_jobs(
     placed
 }
 
-/// The GPUs of `held` no job has been placed on, in `held`'s order.
 /// Unplaces each kept job (most work first) whose slowest GPU is slower than a free one of
 /// another type of the app's, when the fastest GPUs among its own and the free ones would save
 /// it more than the restart pause: its scheduler checkpoints it and resumes it there, as the
@@ -905,6 +904,7 @@ fn move_to_faster(
     }
 }
 
+/// The GPUs of `held` no job has been placed on, in `held`'s order.
 fn free_gpus(held: &[GpuIndex], placed: &[Vec<GpuIndex>]) -> Vec<GpuIndex> {
     let taken: BTreeSet<GpuIndex> = placed.iter().flatten().copied().collect();
     held.iter()
