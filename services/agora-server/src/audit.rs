@@ -13,20 +13,21 @@ use serde::Serialize;
 
 use crate::actors::records::allocation_rows_of;
 use crate::clock::from_datetime;
+use crate::ids::{AppKey, RoundId};
 use crate::server::app_bid;
-use crate::store::{app_id, AllocationRow, Store, StoredRound};
+use crate::store::{AllocationRow, Store, StoredRound};
 
 /// The verdict on one round.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Replay {
-    pub round: i64,
+    pub round: RoundId,
     pub matches: bool,
     /// What differs, in words; empty when it matches.
     pub differences: Vec<String>,
 }
 
 /// Replays round `round`. Fails if it is not stored or not closed.
-pub async fn replay_round(store: &Store, round: i64) -> anyhow::Result<Replay> {
+pub async fn replay_round(store: &Store, round: RoundId) -> anyhow::Result<Replay> {
     let stored = store
         .stored_round(round)
         .await?
@@ -88,7 +89,7 @@ fn inputs_of(stored: &StoredRound) -> anyhow::Result<RoundInputs> {
         now: from_datetime(stored.opened_at),
         seed: stored.seed.parse().context("stored seed")?,
         offer,
-        bidders: stored.bidders.iter().map(|&app| app_id(app)).collect(),
+        bidders: stored.bidders.iter().map(|&app| app.into()).collect(),
         standings,
         holds,
         claims,
@@ -98,7 +99,7 @@ fn inputs_of(stored: &StoredRound) -> anyhow::Result<RoundInputs> {
             .map(app_bid)
             .collect::<anyhow::Result<_>>()?,
         leftover_policy,
-        departed: stored.departed.iter().map(|&app| app_id(app)).collect(),
+        departed: stored.departed.iter().map(|&app| app.into()).collect(),
     })
 }
 
@@ -110,7 +111,7 @@ fn compare_rows(
     if expected == stored {
         return;
     }
-    let apps: BTreeSet<i64> = expected.iter().chain(stored).map(|row| row.app).collect();
+    let apps: BTreeSet<AppKey> = expected.iter().chain(stored).map(|row| row.app).collect();
     for app in apps {
         let replayed = expected.iter().find(|row| row.app == app);
         let recorded = stored.iter().find(|row| row.app == app);

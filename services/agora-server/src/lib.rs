@@ -7,6 +7,7 @@ pub mod audit;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod ids;
 pub mod leadership;
 pub mod metrics;
 pub mod notices;

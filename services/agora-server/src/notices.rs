@@ -9,13 +9,14 @@ use std::sync::Mutex;
 
 use tokio::sync::watch;
 
+use crate::ids::AppKey;
 use crate::store::Commit;
 
 /// What a follower waits for news of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Topic {
     /// New events of this app.
-    App(i64),
+    App(AppKey),
     /// A round was decided (closed or abandoned).
     Rounds,
 }
@@ -28,7 +29,7 @@ pub struct Notices {
 impl Notices {
     /// Announces what `commit`, now durable, changed.
     pub fn announce_commit(&self, commit: &Commit) {
-        let apps: BTreeSet<i64> = commit.events.iter().map(|event| event.app).collect();
+        let apps: BTreeSet<AppKey> = commit.events.iter().map(|event| event.app).collect();
         for app in apps {
             self.announce(Topic::App(app));
         }
@@ -69,6 +70,7 @@ impl Notices {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::RoundId;
 
     fn woken(follower: &mut watch::Receiver<()>) -> bool {
         follower.has_changed().expect("the notices are alive")
@@ -77,10 +79,10 @@ mod tests {
     #[test]
     fn a_follower_wakes_for_its_topic_only() {
         let notices = Notices::default();
-        let mut first = notices.follow(Topic::App(1));
-        let mut second = notices.follow(Topic::App(2));
+        let mut first = notices.follow(Topic::App(AppKey(1)));
+        let mut second = notices.follow(Topic::App(AppKey(2)));
         let mut rounds = notices.follow(Topic::Rounds);
-        notices.announce(Topic::App(1));
+        notices.announce(Topic::App(AppKey(1)));
         assert!(woken(&mut first));
         assert!(!woken(&mut second));
         assert!(!woken(&mut rounds));
@@ -89,30 +91,30 @@ mod tests {
     #[test]
     fn an_announcement_before_following_does_not_wake() {
         let notices = Notices::default();
-        notices.announce(Topic::App(3));
-        let mut follower = notices.follow(Topic::App(3));
+        notices.announce(Topic::App(AppKey(3)));
+        let mut follower = notices.follow(Topic::App(AppKey(3)));
         assert!(!woken(&mut follower));
-        notices.announce(Topic::App(3));
+        notices.announce(Topic::App(AppKey(3)));
         assert!(woken(&mut follower));
     }
 
     #[test]
     fn topics_nobody_follows_are_forgotten() {
         let notices = Notices::default();
-        drop(notices.follow(Topic::App(4)));
-        notices.announce(Topic::App(4));
+        drop(notices.follow(Topic::App(AppKey(4))));
+        notices.announce(Topic::App(AppKey(4)));
         assert!(notices.topics.lock().expect("not poisoned").is_empty());
     }
 
     #[test]
     fn a_commit_wakes_its_apps_and_the_rounds_only_when_a_round_was_decided() {
         let notices = Notices::default();
-        let mut app = notices.follow(Topic::App(5));
+        let mut app = notices.follow(Topic::App(AppKey(5)));
         let mut rounds = notices.follow(Topic::Rounds);
         notices.announce_commit(&Commit::default());
         assert!(!woken(&mut app) && !woken(&mut rounds));
         let abandoned = Commit {
-            abandoned_rounds: vec![9],
+            abandoned_rounds: vec![RoundId(9)],
             ..Commit::default()
         };
         notices.announce_commit(&abandoned);

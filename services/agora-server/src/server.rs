@@ -9,7 +9,7 @@ use std::sync::Arc;
 use actix::Actor;
 use actix_web::dev::ServerHandle;
 use actix_web::{web, App as HttpApp, HttpServer};
-use agora_market::app::{App, AppKind};
+use agora_market::app::{App, AppId, AppKind};
 use agora_market::auction::{AppBid, BidEntry, Offer};
 use agora_market::bids::PreparedOffer;
 use agora_market::cluster_file::{parse_cluster, ClusterFileError};
@@ -30,9 +30,10 @@ use crate::actors::arbiter::{Arbiter, ArbiterSettings, ReopenedRound, Restored};
 use crate::api::{self, ApiState};
 use crate::clock::{from_datetime, Clock};
 use crate::config::{GpuSource, ServerConfig};
+use crate::ids::LeaseKey;
 use crate::leadership::{LeaderLock, Leadership};
 use crate::notices::Notices;
-use crate::store::{app_id, Store, StoredBid, StoredHost, StoredRound, StoredWorkerGpu};
+use crate::store::{Store, StoredBid, StoredHost, StoredRound, StoredWorkerGpu};
 
 /// A started service: leading, or a standby waiting to take over.
 #[derive(Debug)]
@@ -326,7 +327,7 @@ async fn restore(
     for app in store.active_apps().await? {
         let kind: AppKind = serde_json::from_value(app.state)
             .with_context(|| format!("stored state of app {}", app.id))?;
-        let id = app_id(app.id);
+        let id = AppId::from(app.id);
         let bidding = Bidding::parse(&app.bidding)
             .ok_or_else(|| anyhow!("app {}: unknown bidding mode {}", app.id, app.bidding))?;
         let enforcement: Enforcement = serde_json::from_value(app.enforcement)
@@ -360,8 +361,8 @@ async fn restore(
     for lease in store.active_leases().await? {
         let gpus = gpu_indices(market.cluster(), &lease.gpus)?;
         market.restore_lease(Lease {
-            id: LeaseId(lease.id as u64),
-            app: app_id(lease.app_id),
+            id: engine_lease_id(lease.id)?,
+            app: lease.app_id.into(),
             gpus,
             start: from_datetime(lease.start_at),
             end: from_datetime(lease.end_at),
@@ -372,13 +373,13 @@ async fn restore(
     market.restore_resource_split();
     for lease in store.claimed_leases().await? {
         let gpus = gpu_indices(market.cluster(), &lease.gpus)?;
-        market.restore_claim(app_id(lease.app_id), gpus)?;
+        market.restore_claim(lease.app_id.into(), gpus)?;
     }
     for gpu in gpu_indices(market.cluster(), &store.unhealthy_gpus().await?)? {
         market.set_withdrawn(gpu, Withdrawal::Drained, true);
     }
     let (next_round, next_lease) = store.next_ids().await?;
-    market.issue_lease_ids_from(LeaseId(next_lease as u64));
+    market.issue_lease_ids_from(engine_lease_id(next_lease)?);
     let round = match store.open_round_id().await? {
         Some(id) => {
             let stored = store
@@ -399,8 +400,14 @@ async fn restore(
         market,
         members,
         round,
-        next_round,
+        next_round: next_round.0,
     })
+}
+
+fn engine_lease_id(lease: LeaseKey) -> anyhow::Result<LeaseId> {
+    lease
+        .lease_id()
+        .ok_or_else(|| anyhow!("lease id {lease} in the database is negative"))
 }
 
 /// The cluster the registered GPU hosts form, as stored, with the CPUs and memory they
@@ -478,16 +485,16 @@ fn reopen(stored: StoredRound) -> anyhow::Result<ReopenedRound> {
     let bids = stored
         .bids
         .iter()
-        .map(|bid| Ok((app_id(bid.app_id), app_bid(bid)?)))
+        .map(|bid| Ok((bid.app_id.into(), app_bid(bid)?)))
         .collect::<anyhow::Result<_>>()?;
     let round = RoundOffer {
         now: from_datetime(stored.opened_at),
         offer: PreparedOffer::new(offer),
-        bidders: stored.bidders.iter().map(|&app| app_id(app)).collect(),
+        bidders: stored.bidders.iter().map(|&app| app.into()).collect(),
         standings,
     };
     Ok(ReopenedRound {
-        id: stored.id,
+        id: stored.id.0,
         seed,
         deadline: from_datetime(stored.deadline),
         offer: round,
@@ -498,7 +505,7 @@ fn reopen(stored: StoredRound) -> anyhow::Result<ReopenedRound> {
 /// A stored bid as the engine's bid.
 pub fn app_bid(bid: &StoredBid) -> anyhow::Result<AppBid> {
     Ok(AppBid {
-        app: app_id(bid.app_id),
+        app: bid.app_id.into(),
         rho_old: bid.rho_old.map(Rho::new).transpose()?,
         bids: bid
             .entries

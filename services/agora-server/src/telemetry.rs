@@ -28,6 +28,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
 use crate::metrics;
+use agora_market::live::RoundId;
 
 /// Logged when `RUST_LOG` is unset or invalid.
 const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,actix_server=warn";
@@ -262,7 +263,7 @@ pub async fn trace_request(
 /// it, which agents' bids join.
 #[derive(Debug)]
 pub struct RoundTrace {
-    pub round: i64,
+    pub round: RoundId,
     pub span: Span,
     /// Open until the round closes to bids.
     collecting: Option<Span>,
@@ -271,7 +272,7 @@ pub struct RoundTrace {
 }
 
 impl RoundTrace {
-    pub fn collecting_bids(round: i64, span: Span, began: Instant) -> Self {
+    pub fn collecting_bids(round: RoundId, span: Span, began: Instant) -> Self {
         let collecting = tracing::info_span!(parent: &span, "bid_collection");
         Self {
             round,

@@ -4,23 +4,25 @@
 //! found at all. The API's checks of an app's owner, the arbiter's, and the store's reads of
 //! rounds, the cluster, fairness and the lease timeline all ask [`Caller`].
 
+use crate::ids::TenantId;
+
 /// Who is asking: the admin, or a tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Caller {
     Admin,
-    Tenant(i64),
+    Tenant(TenantId),
 }
 
 impl Caller {
     /// The caller as the arbiter's requests name it: the tenant asking, `None` for the admin.
-    pub fn from_tenant(tenant: Option<i64>) -> Self {
+    pub fn from_tenant(tenant: Option<TenantId>) -> Self {
         tenant.map_or(Self::Admin, Self::Tenant)
     }
 
     /// The tenant whose apps alone this caller sees; `None` for the admin. A query listing only
     /// what the caller sees filters on it with `$1::bigint IS NULL OR tenant_id = $1`, which
     /// is [`Caller::sees`] in SQL.
-    pub fn tenant(self) -> Option<i64> {
+    pub fn tenant(self) -> Option<TenantId> {
         match self {
             Self::Admin => None,
             Self::Tenant(tenant) => Some(tenant),
@@ -28,7 +30,7 @@ impl Caller {
     }
 
     /// Whether this caller sees in full (and may act for) what tenant `owner` owns.
-    pub fn sees(self, owner: i64) -> bool {
+    pub fn sees(self, owner: TenantId) -> bool {
         match self {
             Self::Admin => true,
             Self::Tenant(tenant) => tenant == owner,
@@ -36,7 +38,7 @@ impl Caller {
     }
 
     /// `detail` of something tenant `owner` owns, if this caller sees it; `None` hides it.
-    pub fn reveal<T>(self, owner: i64, detail: T) -> Option<T> {
+    pub fn reveal<T>(self, owner: TenantId, detail: T) -> Option<T> {
         self.sees(owner).then_some(detail)
     }
 }
@@ -45,8 +47,8 @@ impl Caller {
 mod tests {
     use super::*;
 
-    const VISION: i64 = 1;
-    const SPEECH: i64 = 2;
+    const VISION: TenantId = TenantId(1);
+    const SPEECH: TenantId = TenantId(2);
 
     #[test]
     fn the_admin_sees_every_tenants_apps() {

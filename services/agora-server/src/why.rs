@@ -3,10 +3,12 @@
 //! proportional-fair bundle, its payment share c, the GPUs it kept and the leftovers it got).
 //! Pure, so every case is tested here; the dashboard shows it beside each round.
 
+use crate::ids::RoundId;
+
 /// What one round recorded about one app.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RoundFacts {
-    pub round: i64,
+    pub round: RoundId,
     /// In the round's standings, worst rho first: the number of apps worse off.
     pub position: i32,
     /// rho at the round's start; `None`: starving (no GPU held, finish time unbounded).
@@ -120,7 +122,7 @@ fn gpus(count: usize) -> String {
 mod tests {
     use super::*;
 
-    fn bidder(round: i64, rho: Option<f64>, offered_apps: usize) -> RoundFacts {
+    fn bidder(round: RoundId, rho: Option<f64>, offered_apps: usize) -> RoundFacts {
         RoundFacts {
             round,
             position: 0,
@@ -141,7 +143,7 @@ mod tests {
             pf_gpus: Some(2),
             c: Some(1.0),
             kept_gpus: 2,
-            ..bidder(812, None, 4)
+            ..bidder(RoundId(812), None, 4)
         };
         assert_eq!(
             round_sentence(&won),
@@ -153,7 +155,7 @@ mod tests {
             bid_gpus: Some(3),
             c: Some(0.7),
             kept_gpus: 2,
-            ..bidder(9, Some(1.25), 1)
+            ..bidder(RoundId(9), Some(1.25), 1)
         };
         assert_eq!(
             round_sentence(&paid),
@@ -165,14 +167,14 @@ mod tests {
     #[test]
     fn a_lost_round_says_the_auction_gave_it_nothing_or_its_payment_took_it_all() {
         assert_eq!(
-            round_sentence(&bidder(40, Some(2.5), 3)),
+            round_sentence(&bidder(RoundId(40), Some(2.5), 3)),
             "Round 40: you were among the 3 worst-off apps (ρ 2.500) and bid for 2 GPUs; \
              the auction gave you none: the offered GPUs went to apps whose ρ they improved more"
         );
         let paid_away = RoundFacts {
             pf_gpus: Some(1),
             c: Some(0.4),
-            ..bidder(41, Some(2.5), 3)
+            ..bidder(RoundId(41), Some(2.5), 3)
         };
         assert_eq!(
             round_sentence(&paid_away),
@@ -185,7 +187,7 @@ mod tests {
     fn leftovers_are_named_after_the_auction_whether_or_not_it_was_offered() {
         let lost_then_leftover = RoundFacts {
             leftover_gpus: 1,
-            ..bidder(7, None, 2)
+            ..bidder(RoundId(7), None, 2)
         };
         assert!(round_sentence(&lost_then_leftover)
             .ends_with("the auction gave you none: the offered GPUs went to apps whose ρ they improved more; you received 1 leftover GPU"));
@@ -194,7 +196,7 @@ mod tests {
             offered: false,
             bid_gpus: None,
             leftover_gpus: 3,
-            ..bidder(812, Some(0.875), 4)
+            ..bidder(RoundId(812), Some(0.875), 4)
         };
         assert_eq!(
             round_sentence(&leftovers_only),
@@ -209,7 +211,7 @@ mod tests {
             position: 1,
             offered: false,
             bid_gpus: None,
-            ..bidder(3, Some(0.5), 1)
+            ..bidder(RoundId(3), Some(0.5), 1)
         };
         assert_eq!(
             round_sentence(&not_offered),
@@ -217,7 +219,7 @@ mod tests {
         );
         let silent = RoundFacts {
             bid_gpus: None,
-            ..bidder(4, None, 2)
+            ..bidder(RoundId(4), None, 2)
         };
         assert_eq!(
             round_sentence(&silent),

@@ -32,7 +32,7 @@ async fn two_tenant_market() -> Market {
         service
             .running
             .store
-            .decided_rounds_after(0, 10)
+            .decided_rounds_after(agora_server::ids::RoundId(0), 10)
             .await
             .expect("rounds")
             .is_empty(),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use agora_market::time::Timestamp;
 use agora_market::topology::{Cluster, ClusterSpec};
 use agora_server::audit::replay_round;
+use agora_server::ids::{AppKey, LeaseKey, RoundId};
 use agora_server::leadership::LeaderLock;
 use agora_server::store::{AppEvent, Commit, EventPayload, LeaseEndedEvent, Store, Writer};
 use serde_json::{json, Value};
@@ -159,7 +160,7 @@ async fn full_flow_register_offer_bid_lease_expiry_reauction_finish_and_audit() 
     .fetch_one(service.running.store.pool())
     .await
     .expect("a round with a payment");
-    let replay = replay_round(&service.running.store, round)
+    let replay = replay_round(&service.running.store, RoundId(round))
         .await
         .expect("replay");
     assert!(
@@ -776,9 +777,9 @@ async fn after_a_failed_decision_the_writer_writes_nothing_later() {
     let now = Timestamp(0);
     let refused = Commit {
         events: vec![AppEvent {
-            app: 999_999,
+            app: AppKey(999_999),
             payload: EventPayload::LeaseEnded(LeaseEndedEvent {
-                lease: 1,
+                lease: LeaseKey(1),
                 state: "expired".to_owned(),
                 gpus: Vec::new(),
                 reason: None,
@@ -951,7 +952,7 @@ async fn a_tenant_finishing_apps_mid_round_never_stops_another_tenants_rounds() 
             .await
             .expect("count");
     assert_eq!(abandoned, 0, "no round was abandoned");
-    assert_replay_exactly(&service, rounds).await;
+    assert_replay_exactly(&service, rounds.into_iter().map(RoundId).collect()).await;
     service.running.stop().await;
 }
 
@@ -965,7 +966,7 @@ async fn every_app_bids() -> support::Service {
     serve(&config, start_clock()).await
 }
 
-async fn assert_replay_exactly(service: &support::Service, rounds: Vec<i64>) {
+async fn assert_replay_exactly(service: &support::Service, rounds: Vec<RoundId>) {
     for round in rounds {
         let replay = replay_round(&service.running.store, round)
             .await
@@ -1416,7 +1417,7 @@ async fn a_reported_speed_change_is_used_from_the_next_round_and_survives_a_rest
             leases.len() == 2 && active(leases).len() == 1
         })
         .await;
-    let rounds: Vec<i64> =
+    let rounds: Vec<RoundId> =
         sqlx::query_scalar("SELECT id FROM rounds WHERE id > $1 AND status = 'closed' ORDER BY id")
             .bind(opened)
             .fetch_all(service.running.store.pool())

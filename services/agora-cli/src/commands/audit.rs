@@ -1,5 +1,6 @@
 //! `agora audit replay`: recompute stored rounds with the engine and compare.
 
+use agora_server::ids::RoundId;
 use anyhow::bail;
 use clap::{Args, Subcommand};
 
@@ -39,7 +40,7 @@ impl ReplayArgs {
         let store =
             agora_server::store::Store::connect_without_migrating(&self.database_url).await?;
         let rounds = match self.round {
-            Some(round) => vec![round],
+            Some(round) => vec![RoundId(round)],
             None => store.closed_round_ids().await?,
         };
         let mut mismatched = 0;

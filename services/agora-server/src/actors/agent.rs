@@ -10,13 +10,14 @@ use agora_market::app::AppId;
 use agora_market::auction::AppBid;
 use agora_market::bids::PreparedOffer;
 pub use agora_market::live::Bidding;
+use agora_market::live::RoundId;
 use agora_market::market::BidInputs;
 
 /// An offer to bid on, with the app's job information as the arbiter knows it now.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct BidRequest {
-    pub round: i64,
+    pub round: RoundId,
     pub offer: Arc<PreparedOffer>,
     pub inputs: BidInputs,
     /// The round's bid collection, which the agent's work joins.
@@ -27,7 +28,7 @@ pub struct BidRequest {
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct AgentBid {
-    pub round: i64,
+    pub round: RoundId,
     pub bid: AppBid,
     /// True when the framework bids itself and this bid only stands in for it.
     pub fallback: bool,

@@ -31,6 +31,7 @@ use super::gpu_worker::{GpuCommand, GpuWorker};
 use super::lease_manager::{LeaseManager, Schedule, Timer, TimerFired};
 use super::ArbiterError;
 use crate::clock::Clock;
+use crate::ids::TenantId;
 use crate::metrics::metrics;
 use crate::notices::Notices;
 use crate::store::{Commit, Store, StoreError, Writer};
@@ -40,7 +41,7 @@ use crate::telemetry::RoundTrace;
 /// how it bids).
 #[derive(Debug)]
 pub(super) struct Member {
-    pub tenant: i64,
+    pub tenant: TenantId,
     pub agent: Addr<AppAgent>,
     /// How GPU hosts enforce its leases.
     pub enforcement: Enforcement,
@@ -88,7 +89,7 @@ pub struct Arbiter {
     pub(super) gpus: Vec<Addr<GpuWorker>>,
     pub(super) notices: Arc<Notices>,
     /// Restored from the database, waiting for the actors to start.
-    restored_members: Vec<(AppId, i64, Bidding, Enforcement)>,
+    restored_members: Vec<(AppId, TenantId, Bidding, Enforcement)>,
     /// The trace of the round in progress.
     pub(super) round_trace: Option<RoundTrace>,
     /// Told why, if the arbiter stops because a decision was not committed.
@@ -99,7 +100,7 @@ pub struct Arbiter {
 #[derive(Debug)]
 pub struct Restored {
     pub market: Market,
-    pub members: Vec<(AppId, i64, Bidding, Enforcement)>,
+    pub members: Vec<(AppId, TenantId, Bidding, Enforcement)>,
     pub round: Option<ReopenedRound>,
     pub next_round: i64,
 }
@@ -161,7 +162,7 @@ impl Arbiter {
     pub(super) fn join(
         &mut self,
         app: AppId,
-        tenant: i64,
+        tenant: TenantId,
         bidding: Bidding,
         enforcement: Enforcement,
         ctx: &mut Context<Self>,

@@ -3,6 +3,7 @@
 //! running `agora worker`, the mirror also holds what the host's last heartbeat said about the
 //! GPU (its health and metrics); the worker itself enforces the leases.
 
+use crate::ids::{AppKey, LeaseKey};
 use actix::prelude::*;
 use agora_protocol::{GpuHealth, GpuMetrics};
 
@@ -18,7 +19,7 @@ pub struct GpuState {
     /// The host's last report: health and metrics.
     pub reported: Option<(GpuHealth, GpuMetrics)>,
     /// The active lease on this GPU and its app.
-    pub running: Option<(i64, i64)>,
+    pub running: Option<(LeaseKey, AppKey)>,
 }
 
 #[derive(Debug, Message)]
@@ -26,12 +27,12 @@ pub struct GpuState {
 pub enum GpuCommand {
     /// Start running `app` under `lease`.
     Run {
-        lease: i64,
-        app: i64,
+        lease: LeaseKey,
+        app: AppKey,
     },
     /// The lease ended: stop whatever it ran.
     Stop {
-        lease: i64,
+        lease: LeaseKey,
     },
     SetHealth(bool),
     /// The host's heartbeat reported on the GPU.
@@ -122,21 +123,24 @@ mod tests {
     async fn a_worker_runs_one_lease_and_ignores_stale_stops() {
         let worker = GpuWorker::simulated("m0-g0".into(), "GPU-x".into(), true).start();
         worker
-            .send(GpuCommand::Run { lease: 1, app: 9 })
+            .send(GpuCommand::Run {
+                lease: LeaseKey(1),
+                app: AppKey(9),
+            })
             .await
             .expect("running");
         worker
-            .send(GpuCommand::Stop { lease: 0 })
+            .send(GpuCommand::Stop { lease: LeaseKey(0) })
             .await
             .expect("running");
         let state = worker.send(GetGpuState).await.expect("running");
         assert_eq!(
             state.running,
-            Some((1, 9)),
+            Some((LeaseKey(1), AppKey(9))),
             "a stop for another lease changes nothing"
         );
         worker
-            .send(GpuCommand::Stop { lease: 1 })
+            .send(GpuCommand::Stop { lease: LeaseKey(1) })
             .await
             .expect("running");
         let state = worker.send(GetGpuState).await.expect("running");

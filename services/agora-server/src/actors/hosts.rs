@@ -25,6 +25,7 @@ use super::gpu_worker::{GpuCommand, GpuWorker};
 use super::records;
 use super::ArbiterError;
 use crate::clock::to_datetime;
+use crate::ids::LeaseKey;
 use crate::metrics::metrics;
 use crate::store::{
     app_key, simulated_cuda_uuid, Commit, GpuHealthChange, HeartbeatRecord, HostRecord,
@@ -322,10 +323,13 @@ impl Arbiter {
             .map(|(index, _)| self.gpu_worker(index).start())
             .collect();
         for lease in self.market().leases().active() {
-            let (lease_id, app) = (lease.id.0 as i64, app_key(&lease.app).unwrap_or_default());
+            // Every app of the service is named by its database id.
+            let Ok(app) = app_key(&lease.app) else {
+                continue;
+            };
             for &gpu in &lease.gpus {
                 self.gpus[gpu.get()].do_send(GpuCommand::Run {
-                    lease: lease_id,
+                    lease: lease.id.into(),
                     app,
                 });
             }
@@ -379,8 +383,8 @@ impl Arbiter {
                     .and_then(|machine| self.market().lease_resources(lease).remove(&machine))
                     .unwrap_or_default();
                 Some(HostLease {
-                    lease_id: lease.id.0 as i64,
-                    app_id: app_key(&lease.app).ok()?,
+                    lease_id: LeaseKey::from(lease.id).0,
+                    app_id: app_key(&lease.app).ok()?.0,
                     gpu_uuids: here,
                     start_at: to_datetime(lease.start),
                     end_at: to_datetime(end),

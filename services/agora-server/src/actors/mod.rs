@@ -17,6 +17,7 @@ use agora_market::auction::AuctionError;
 use agora_market::progress::{ProgressError, SpeedChangeError};
 use agora_market::throughput::ThroughputReportError;
 
+use crate::ids::{AppKey, LeaseKey, RoundId};
 use crate::store::StoreError;
 
 /// Asks the arbiter to stop (and its lease manager with it).
@@ -28,9 +29,9 @@ pub struct Shutdown;
 #[derive(Debug, thiserror::Error)]
 pub enum ArbiterError {
     #[error("app {0} is not active: it finished, or it does not exist")]
-    AppNotActive(i64),
+    AppNotActive(AppKey),
     #[error("app {0} belongs to another tenant")]
-    ForeignApp(i64),
+    ForeignApp(AppKey),
     #[error("this tenant already has an app named {0:?}; pick another name")]
     DuplicateAppName(String),
     #[error("invalid app: {0}")]
@@ -44,21 +45,25 @@ pub enum ArbiterError {
     #[error("invalid speed change: {0}")]
     SpeedChange(#[from] SpeedChangeError),
     #[error("round {0} does not exist")]
-    UnknownRound(i64),
+    UnknownRound(RoundId),
     #[error("round {0} no longer takes bids (its deadline passed); wait for the next offer")]
-    RoundClosed(i64),
+    RoundClosed(RoundId),
     #[error("app {app} was not offered GPUs in round {round}, so it cannot bid in it")]
-    NotABidder { app: i64, round: i64 },
+    NotABidder { app: AppKey, round: RoundId },
     #[error("the bid table has {entries} entries; at most {limit} are allowed")]
     TableTooLarge { entries: usize, limit: usize },
     #[error("invalid bid: {0}")]
     InvalidBid(#[from] AuctionError),
     #[error("app {app} already bid in round {round}; a bid cannot be replaced (a retry with the same Idempotency-Key returns the first answer)")]
-    AlreadyBid { app: i64, round: i64 },
+    AlreadyBid { app: AppKey, round: RoundId },
     #[error("Idempotency-Key {key:?} was used for app {app}'s bid in round {round} with a different bid; a retry must send the same request (use a new key for a different bid)")]
-    IdempotencyKeyReused { key: String, app: i64, round: i64 },
+    IdempotencyKeyReused {
+        key: String,
+        app: AppKey,
+        round: RoundId,
+    },
     #[error("lease {0} is not active (it ended, or it does not exist)")]
-    LeaseNotActive(i64),
+    LeaseNotActive(LeaseKey),
     #[error("GPU {0:?} is not in the cluster")]
     UnknownGpu(String),
     #[error("host {0:?} is not registered; register it again (POST /v1/workers)")]

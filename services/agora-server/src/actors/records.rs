@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use super::ArbiterError;
 use crate::clock::to_datetime;
+use crate::ids::{AppKey, RoundId};
 use crate::store::{
     app_key, AllocationRow, AppEvent, ClosedRound, Commit, EventPayload, HostStatusChange,
     LeaseEndedEvent, LeaseGrantedEvent, LeaseRecord, LeaseResources, OfferEvent, OfferedGpu,
@@ -23,7 +24,7 @@ use crate::store::{
 
 pub fn lease_record(market: &Market, lease: &Lease) -> Result<LeaseRecord, ArbiterError> {
     Ok(LeaseRecord {
-        id: lease.id.0 as i64,
+        id: lease.id.into(),
         app: app_key(&lease.app)?,
         gpus: lease
             .gpus
@@ -40,7 +41,7 @@ pub fn lease_record(market: &Market, lease: &Lease) -> Result<LeaseRecord, Arbit
 /// The opening of round `id`: its inputs, the standings, and an offer event for each bidder.
 pub fn opened_round(
     market: &Market,
-    id: i64,
+    id: RoundId,
     seed: u64,
     deadline: Timestamp,
     offer: &RoundOffer,
@@ -105,7 +106,7 @@ pub fn opened_round(
 /// GPU went, the leases, and a result event for every app that bid or got GPUs.
 pub fn closed_round(
     market: &Market,
-    id: i64,
+    id: RoundId,
     now: Timestamp,
     outcome: &RoundOutcome,
     agent_bids: &[AppBid],
@@ -188,7 +189,7 @@ pub fn lease_resources(market: &Market, lease: &Lease) -> Option<LeaseResources>
         parts.values().map(amount).sum()
     };
     let resources = LeaseResources {
-        lease: lease.id.0 as i64,
+        lease: lease.id.into(),
         cpus: total(|part| part.cpus),
         memory_gib: total(|part| part.memory_gib),
     };
@@ -201,9 +202,9 @@ pub fn allocation_rows_of(
     auction: Option<&AuctionOutcome>,
     leftover_grants: &BTreeMap<AppId, Vec<GpuId>>,
 ) -> Result<Vec<AllocationRow>, ArbiterError> {
-    let mut rows: BTreeMap<i64, AllocationRow> = BTreeMap::new();
+    let mut rows: BTreeMap<AppKey, AllocationRow> = BTreeMap::new();
     let ids = |gpus: &[GpuId]| -> Vec<String> { gpus.iter().map(|gpu| gpu.0.clone()).collect() };
-    let empty = |app: i64| AllocationRow {
+    let empty = |app: AppKey| AllocationRow {
         app,
         pf_entry: None,
         pf_gpus: Vec::new(),
@@ -277,14 +278,14 @@ pub fn of_record(market: &Market, now: Timestamp, record: &Record) -> Result<Com
             deadline,
             offer,
             ..
-        } => opened_round(market, *id, *seed, *deadline, offer),
+        } => opened_round(market, RoundId(*id), *seed, *deadline, offer),
         Record::RoundClosed {
             id,
             outcome,
             agent_bids_used,
-        } => closed_round(market, *id, now, outcome, agent_bids_used),
+        } => closed_round(market, RoundId(*id), now, outcome, agent_bids_used),
         Record::RoundAbandoned { id, .. } => Ok(Commit {
-            abandoned_rounds: vec![*id],
+            abandoned_rounds: vec![RoundId(*id)],
             ..Commit::default()
         }),
         Record::LeasesExpired { leases } => ended_leases(market, leases, None),

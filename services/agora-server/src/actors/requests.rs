@@ -5,7 +5,6 @@ use actix::prelude::*;
 use agora_market::app::SpeedChange;
 use agora_market::app::{App, AppId, AppKind};
 use agora_market::auction::AppBid;
-use agora_market::lease::LeaseId;
 use agora_market::live::{Event, LiveError, Notice};
 use agora_market::market::{MarketError, Withdrawal};
 use agora_market::progress::{JobProgress, SpeedChangeReport};
@@ -22,9 +21,10 @@ use super::arbiter::{Arbiter, Reply, Staged};
 use super::records;
 use super::ArbiterError;
 use crate::clock::to_datetime;
+use crate::ids::{AppKey, BidId, LeaseKey, RoundId, TenantId};
 use crate::store::{
-    app_id, app_key, AppInsert, BidInsert, Commit, EventPayload, JobPhase, NewApp, NewBid,
-    OperatorAction, ProgressSample, RevocationNoticeEvent, SpeedChangeSample, ThroughputSample,
+    app_key, AppInsert, BidInsert, Commit, EventPayload, JobPhase, NewApp, NewBid, OperatorAction,
+    ProgressSample, RevocationNoticeEvent, SpeedChangeSample, ThroughputSample,
 };
 use crate::visibility::Caller;
 
@@ -34,8 +34,8 @@ fn refuse<T: 'static>(error: ArbiterError) -> Reply<T> {
 
 impl Arbiter {
     /// The app, if `tenant` may act for it (`None` is the admin).
-    fn authorize(&self, tenant: Option<i64>, app: i64) -> Result<AppId, ArbiterError> {
-        let id = app_id(app);
+    fn authorize(&self, tenant: Option<TenantId>, app: AppKey) -> Result<AppId, ArbiterError> {
+        let id = AppId::from(app);
         let member = self
             .members
             .get(&id)
@@ -49,9 +49,9 @@ impl Arbiter {
 }
 
 #[derive(Debug, Message)]
-#[rtype(result = "Result<i64, ArbiterError>")]
+#[rtype(result = "Result<AppKey, ArbiterError>")]
 pub struct RegisterApp {
-    pub tenant: i64,
+    pub tenant: TenantId,
     pub name: String,
     pub bidding: Bidding,
     pub kind: AppKind,
@@ -61,7 +61,7 @@ pub struct RegisterApp {
 }
 
 impl Handler<RegisterApp> for Arbiter {
-    type Result = Reply<i64>;
+    type Result = Reply<AppKey>;
 
     fn handle(&mut self, request: RegisterApp, _: &mut Self::Context) -> Self::Result {
         let _span = request.span.clone().entered();
@@ -73,7 +73,7 @@ impl Arbiter {
     /// Checks the app, then has the writer store it like any other write; once it is durable
     /// (its id is the database's) the app joins the market, and the answer comes once its
     /// arrival is durable too. The mailbox goes on meanwhile.
-    fn register(&mut self, request: RegisterApp) -> Reply<i64> {
+    fn register(&mut self, request: RegisterApp) -> Reply<AppKey> {
         if request.name.trim().is_empty() || request.name.chars().count() > 200 {
             return refuse(ArbiterError::InvalidApp(
                 "name must be 1 to 200 characters".to_owned(),
@@ -141,7 +141,7 @@ impl Arbiter {
                     let durable = arbiter.writer.commit(arrival, arrived_at);
                     // The agent first: the round the arrival opens asks it for a bid.
                     arbiter.join(
-                        app_id(id),
+                        AppId::from(id),
                         request.tenant,
                         request.bidding,
                         request.enforcement,
@@ -149,7 +149,7 @@ impl Arbiter {
                     );
                     let registered = Event::AppRegistered {
                         app: App {
-                            id: app_id(id),
+                            id: AppId::from(id),
                             kind: request.kind,
                         },
                         bidding: request.bidding,
@@ -160,7 +160,7 @@ impl Arbiter {
                     match arbiter.live.handle(arrived_at, registered) {
                         Ok(effects) => arbiter.carry_out(effects, began, ctx),
                         Err(error) => {
-                            arbiter.members.remove(&app_id(id));
+                            arbiter.members.remove(&AppId::from(id));
                             return refuse(ArbiterError::Internal(error.to_string()));
                         }
                     }
@@ -210,8 +210,8 @@ pub struct ProgressAck {
 #[derive(Debug, Message)]
 #[rtype(result = "Result<ProgressAck, ArbiterError>")]
 pub struct ReportProgress {
-    pub tenant: Option<i64>,
-    pub app: i64,
+    pub tenant: Option<TenantId>,
+    pub app: AppKey,
     pub jobs: Vec<JobProgress>,
     /// The caller's span (the HTTP request's), which the arbiter's work joins.
     pub span: tracing::Span,
@@ -288,8 +288,8 @@ impl Arbiter {
 #[derive(Debug, Message)]
 #[rtype(result = "Result<Throughput, ArbiterError>")]
 pub struct ReportThroughput {
-    pub tenant: Option<i64>,
-    pub app: i64,
+    pub tenant: Option<TenantId>,
+    pub app: AppKey,
     pub report: ThroughputReport,
     /// The caller's span (the HTTP request's), which the arbiter's work joins.
     pub span: tracing::Span,
@@ -323,8 +323,8 @@ pub struct SpeedChangeAck {
 #[derive(Debug, Message)]
 #[rtype(result = "Result<SpeedChangeAck, ArbiterError>")]
 pub struct ReportSpeedChange {
-    pub tenant: Option<i64>,
-    pub app: i64,
+    pub tenant: Option<TenantId>,
+    pub app: AppKey,
     pub report: SpeedChangeReport,
     /// The caller's span (the HTTP request's), which the arbiter's work joins.
     pub span: tracing::Span,
@@ -405,7 +405,7 @@ impl Arbiter {
         commit.speed_change_reports.push(SpeedChangeSample {
             app: request.app,
             job: request.report.job.clone(),
-            first_round: self.live.next_round(),
+            first_round: RoundId(self.live.next_round()),
             // Below the job's total_iterations, which the jobs table holds as a bigint.
             at_iteration: request.report.at_iteration as i64,
             serial_iteration_time: request.report.serial_iteration_time,
@@ -420,7 +420,7 @@ impl Arbiter {
         &self,
         next: &mut agora_market::market::Market,
         id: &AppId,
-        key: i64,
+        key: AppKey,
     ) -> Result<Commit, ArbiterError> {
         let released = next
             .remove_app(id, self.now())
@@ -434,8 +434,8 @@ impl Arbiter {
 #[derive(Debug, Message)]
 #[rtype(result = "Result<(), ArbiterError>")]
 pub struct FinishApp {
-    pub tenant: Option<i64>,
-    pub app: i64,
+    pub tenant: Option<TenantId>,
+    pub app: AppKey,
     /// The caller's span (the HTTP request's), which the arbiter's work joins.
     pub span: tracing::Span,
 }
@@ -465,8 +465,8 @@ impl Handler<FinishApp> for Arbiter {
 /// The answer to a bid: stored, with the id auditors find it under.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct BidAck {
-    pub bid_id: i64,
-    pub round: i64,
+    pub bid_id: BidId,
+    pub round: RoundId,
     /// True when this is a retry with an `Idempotency-Key` seen before: nothing new was stored.
     pub replayed: bool,
 }
@@ -474,8 +474,10 @@ pub struct BidAck {
 #[derive(Debug, Message)]
 #[rtype(result = "Result<BidAck, ArbiterError>")]
 pub struct SubmitBid {
-    pub tenant: Option<i64>,
-    pub round: i64,
+    pub tenant: Option<TenantId>,
+    pub round: RoundId,
+    /// The bidding app; `bid.app` is its engine id.
+    pub app: AppKey,
     pub bid: AppBid,
     pub idempotency_key: Option<String>,
     /// The caller's span (the HTTP request's), which the arbiter's work joins.
@@ -490,21 +492,17 @@ impl Handler<SubmitBid> for Arbiter {
     fn handle(&mut self, request: SubmitBid, ctx: &mut Self::Context) -> Self::Result {
         let span = request.span.clone();
         let _span = span.clone().entered();
-        let (round, writer, store) = (request.round, self.writer.clone(), self.store.clone());
+        let (round, app) = (request.round, request.app);
+        let (writer, store) = (self.writer.clone(), self.store.clone());
         let began = std::time::Instant::now();
-        let accepted = app_key(&request.bid.app)
-            .map_err(|_| ArbiterError::AppNotActive(-1))
-            .and_then(|app| self.count_bid(&request, app).map(|effects| (app, effects)));
-        let (app, effects) = match accepted {
-            Ok(accepted) => accepted,
+        let effects = match self.count_bid(&request) {
+            Ok(effects) => effects,
             // A retry (the app's bid in this round has the same `Idempotency-Key`) gets the
             // first answer, even after the round closed; the writer sees bids queued before it.
             Err(refusal) => {
                 return Box::pin(
                     async move {
-                        let (Some(key), Ok(app)) =
-                            (request.idempotency_key, app_key(&request.bid.app))
-                        else {
+                        let Some(key) = request.idempotency_key else {
                             return Err(refusal);
                         };
                         match writer.bid_with_key(round, app, key.clone()).await? {
@@ -562,8 +560,8 @@ impl Handler<SubmitBid> for Arbiter {
 /// A bid sent with an `Idempotency-Key` that the app's bid in the round already has.
 struct Retry {
     key: String,
-    app: i64,
-    round: i64,
+    app: AppKey,
+    round: RoundId,
 }
 
 impl Retry {
@@ -572,7 +570,7 @@ impl Retry {
     async fn answer(
         self,
         store: &crate::store::Store,
-        bid_id: i64,
+        bid_id: BidId,
         bid: &AppBid,
     ) -> Result<BidAck, ArbiterError> {
         let stored = store.bid(bid_id).await?;
@@ -593,7 +591,7 @@ impl Retry {
 }
 
 impl BidAck {
-    fn replayed(bid_id: i64, round: i64) -> Self {
+    fn replayed(bid_id: BidId, round: RoundId) -> Self {
         Self {
             bid_id,
             round,
@@ -607,16 +605,22 @@ impl BidAck {
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 struct ForgetBid {
-    round: i64,
-    app: i64,
+    round: RoundId,
+    app: AppKey,
 }
 
 impl Handler<ForgetBid> for Arbiter {
     type Result = ();
 
     fn handle(&mut self, ForgetBid { round, app }: ForgetBid, ctx: &mut Self::Context) {
-        let app = app_id(app);
-        self.feed(Event::BidNotStored { round, app }, ctx);
+        let app = AppId::from(app);
+        self.feed(
+            Event::BidNotStored {
+                round: round.0,
+                app,
+            },
+            ctx,
+        );
     }
 }
 
@@ -626,20 +630,26 @@ impl Arbiter {
     fn count_bid(
         &mut self,
         request: &SubmitBid,
-        app: i64,
     ) -> Result<Vec<agora_market::live::Effect>, ArbiterError> {
+        let app = request.app;
         self.authorize(request.tenant, app)?;
         let counted = Event::FrameworkBid {
-            round: request.round,
+            round: request.round.0,
             bid: request.bid.clone(),
         };
         self.live
             .handle(self.now(), counted)
             .map_err(|refusal| match refusal {
-                LiveError::UnknownRound(round) => ArbiterError::UnknownRound(round),
-                LiveError::RoundClosed(round) => ArbiterError::RoundClosed(round),
-                LiveError::NotABidder { round, .. } => ArbiterError::NotABidder { app, round },
-                LiveError::AlreadyBid { round, .. } => ArbiterError::AlreadyBid { app, round },
+                LiveError::UnknownRound(round) => ArbiterError::UnknownRound(RoundId(round)),
+                LiveError::RoundClosed(round) => ArbiterError::RoundClosed(RoundId(round)),
+                LiveError::NotABidder { round, .. } => ArbiterError::NotABidder {
+                    app,
+                    round: RoundId(round),
+                },
+                LiveError::AlreadyBid { round, .. } => ArbiterError::AlreadyBid {
+                    app,
+                    round: RoundId(round),
+                },
                 LiveError::TableTooLarge { entries, limit } => {
                     ArbiterError::TableTooLarge { entries, limit }
                 }
@@ -654,8 +664,8 @@ impl Arbiter {
 #[derive(Debug, Message)]
 #[rtype(result = "Result<(), ArbiterError>")]
 pub struct ReleaseLease {
-    pub tenant: Option<i64>,
-    pub lease: i64,
+    pub tenant: Option<TenantId>,
+    pub lease: LeaseKey,
     /// The caller's span (the HTTP request's), which the arbiter's work joins.
     pub span: tracing::Span,
 }
@@ -666,7 +676,8 @@ impl Handler<ReleaseLease> for Arbiter {
     fn handle(&mut self, request: ReleaseLease, ctx: &mut Self::Context) -> Self::Result {
         let _span = request.span.clone().entered();
         let staged = (|| {
-            let id = LeaseId(request.lease as u64);
+            let not_active = ArbiterError::LeaseNotActive(request.lease);
+            let id = request.lease.lease_id().ok_or(not_active)?;
             let lease = self
                 .market()
                 .leases()
@@ -693,7 +704,7 @@ impl Handler<ReleaseLease> for Arbiter {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct DrainAck {
     pub gpu: String,
-    pub lease: Option<i64>,
+    pub lease: Option<LeaseKey>,
     /// When the lease is revoked and the GPU leaves service.
     pub revoke_at: chrono::DateTime<chrono::Utc>,
 }
@@ -786,24 +797,24 @@ impl Arbiter {
         withdrawal: Withdrawal,
         reason: String,
         commit: &mut Commit,
-    ) -> Result<(Notice, Option<i64>), ArbiterError> {
+    ) -> Result<(Notice, Option<LeaseKey>), ArbiterError> {
         let notice = self.live.notice_now(gpu, withdrawal, reason, self.now());
         let holder = self.market().leases().holder_of(gpu);
         if let Some(lease) = holder {
             commit
                 .notices
-                .push((lease.id.0 as i64, notice.reason.clone()));
+                .push((lease.id.into(), notice.reason.clone()));
             commit.events.push(crate::store::AppEvent {
                 app: app_key(&lease.app)?,
                 payload: EventPayload::RevocationNotice(RevocationNoticeEvent {
-                    lease: lease.id.0 as i64,
+                    lease: lease.id.into(),
                     gpu: self.market().cluster().gpu(gpu).id.0.clone(),
                     revoke_at: to_datetime(notice.at),
                     reason: notice.reason.clone(),
                 }),
             });
         }
-        Ok((notice, holder.map(|lease| lease.id.0 as i64)))
+        Ok((notice, holder.map(|lease| lease.id.into())))
     }
 }
 
@@ -825,8 +836,8 @@ pub struct AppStanding {
 #[derive(Debug, Message)]
 #[rtype(result = "Result<AppStanding, ArbiterError>")]
 pub struct StandingOf {
-    pub tenant: Option<i64>,
-    pub app: i64,
+    pub tenant: Option<TenantId>,
+    pub app: AppKey,
 }
 
 impl Handler<StandingOf> for Arbiter {
@@ -860,7 +871,7 @@ impl Handler<StandingOf> for Arbiter {
 /// The round collecting bids now.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct CurrentRound {
-    pub round_id: i64,
+    pub round_id: RoundId,
     pub opened_at: chrono::DateTime<chrono::Utc>,
     /// Bids are taken until then: `round_deadline_ms` (the bid window) after the opening. The
     /// round may close earlier, once every bidder has bid.
@@ -884,7 +895,7 @@ impl Handler<CurrentRoundOf> for Arbiter {
     fn handle(&mut self, _: CurrentRoundOf, _: &mut Self::Context) -> Self::Result {
         let round = self.live.open_round()?;
         Some(CurrentRound {
-            round_id: round.id,
+            round_id: RoundId(round.id),
             opened_at: to_datetime(round.offer.now),
             deadline: to_datetime(round.deadline),
             bid_window_ms: self.settings.round_deadline.as_millis() as u64,
@@ -897,7 +908,7 @@ impl Handler<CurrentRoundOf> for Arbiter {
 /// An app's rho as the arbiter computes it, now and projected.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct RhoView {
-    pub app: i64,
+    pub app: AppKey,
     /// When it was computed (the arbiter's clock).
     pub at: chrono::DateTime<chrono::Utc>,
     /// rho now, standing on the GPUs the app holds and claims: the value the arbiter ranks it
@@ -914,8 +925,8 @@ pub struct RhoView {
 #[derive(Debug, Message)]
 #[rtype(result = "Result<RhoView, ArbiterError>")]
 pub struct RhoOf {
-    pub tenant: Option<i64>,
-    pub app: i64,
+    pub tenant: Option<TenantId>,
+    pub app: AppKey,
     /// GPU ids the app would hold.
     pub gpus: Vec<String>,
     /// Progress applied (to a copy) before projecting; nothing is changed.

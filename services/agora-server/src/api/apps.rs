@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::body::{check_name, Body};
+use crate::ids::{AppKey, RoundId};
 
 /// The longest app name, in characters.
 pub const MAX_APP_NAME: usize = 200;
@@ -111,7 +112,7 @@ pub async fn list_apps(
 pub async fn get_app(
     state: web::Data<ApiState>,
     caller: Caller,
-    app: web::Path<i64>,
+    app: web::Path<AppKey>,
 ) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(authorized_app(&state, caller, *app).await?))
 }
@@ -133,7 +134,7 @@ pub struct ProgressBody {
 pub async fn report_progress(
     state: web::Data<ApiState>,
     caller: Caller,
-    app: web::Path<i64>,
+    app: web::Path<AppKey>,
     body: Body<ProgressBody>,
 ) -> Result<HttpResponse, ApiError> {
     owned_app(&state, caller, *app).await?;
@@ -169,7 +170,7 @@ pub struct ThroughputAck {
 pub async fn report_throughput(
     state: web::Data<ApiState>,
     caller: Caller,
-    app: web::Path<i64>,
+    app: web::Path<AppKey>,
     body: Body<ThroughputReport>,
 ) -> Result<HttpResponse, ApiError> {
     owned_app(&state, caller, *app).await?;
@@ -198,7 +199,7 @@ pub async fn report_throughput(
 pub async fn report_speed_change(
     state: web::Data<ApiState>,
     caller: Caller,
-    app: web::Path<i64>,
+    app: web::Path<AppKey>,
     body: Body<SpeedChangeReport>,
 ) -> Result<HttpResponse, ApiError> {
     owned_app(&state, caller, *app).await?;
@@ -222,7 +223,7 @@ pub async fn report_speed_change(
 pub async fn finish_app(
     state: web::Data<ApiState>,
     caller: Caller,
-    app: web::Path<i64>,
+    app: web::Path<AppKey>,
 ) -> Result<HttpResponse, ApiError> {
     owned_app(&state, caller, *app).await?;
     state
@@ -262,7 +263,7 @@ pub struct RhoBody {
 pub async fn rho(
     state: web::Data<ApiState>,
     caller: Caller,
-    app: web::Path<i64>,
+    app: web::Path<AppKey>,
     body: Body<RhoBody>,
 ) -> Result<HttpResponse, ApiError> {
     owned_app(&state, caller, *app).await?;
@@ -287,7 +288,7 @@ pub async fn rho(
 pub async fn app_leases(
     state: web::Data<ApiState>,
     caller: Caller,
-    app: web::Path<i64>,
+    app: web::Path<AppKey>,
 ) -> Result<HttpResponse, ApiError> {
     owned_app(&state, caller, *app).await?;
     Ok(HttpResponse::Ok().json(state.store.leases_of(*app).await?))
@@ -296,7 +297,7 @@ pub async fn app_leases(
 /// Why the app has what it has.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Why {
-    pub app: i64,
+    pub app: AppKey,
     /// Where it stands now; `None` once it finished.
     pub now: Option<AppStanding>,
     pub last_round: Option<LastRoundWhy>,
@@ -306,7 +307,7 @@ pub struct Why {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LastRoundWhy {
-    pub round: i64,
+    pub round: RoundId,
     pub bidder: bool,
     /// 0 is the worst rho.
     pub position: i32,
@@ -324,7 +325,7 @@ pub struct LastRoundWhy {
 pub async fn why(
     state: web::Data<ApiState>,
     caller: Caller,
-    app: web::Path<i64>,
+    app: web::Path<AppKey>,
 ) -> Result<HttpResponse, ApiError> {
     let row = authorized_app(&state, caller, *app).await?;
     let now = match row.finished_at {
@@ -352,7 +353,7 @@ pub async fn why(
 /// The app's last round, and that round in words.
 async fn last_round_why(
     state: &ApiState,
-    app: i64,
+    app: AppKey,
 ) -> Result<Option<(LastRoundWhy, String)>, ApiError> {
     let Some(last) = state.store.last_round_of(app).await? else {
         return Ok(None);

@@ -19,6 +19,7 @@ use super::follow::{Feed, Follower};
 use super::problem::{ApiError, ErrorCode, Problem};
 use super::{owned_app, ApiState, Caller};
 use crate::clock::to_datetime;
+use crate::ids::{AppKey, RoundId, TenantId};
 use crate::notices::Topic;
 use crate::store::{
     AppRound, FairnessApp, FairnessHistory, FairnessInputs, GpuCounts, HistoryRange, RhoPoint,
@@ -48,7 +49,7 @@ pub struct Me {
     /// `admin` or `tenant`.
     pub role: String,
     /// The tenant's id and name; `None` for the admin.
-    pub tenant_id: Option<i64>,
+    pub tenant_id: Option<TenantId>,
     pub tenant: Option<String>,
     /// The apps the caller may see: the tenant's own, or every app for the admin.
     pub apps: Vec<VisibleApp>,
@@ -97,7 +98,7 @@ pub struct HistoryQuery {
 pub async fn rho_history(
     state: web::Data<ApiState>,
     caller: Caller,
-    app: web::Path<i64>,
+    app: web::Path<AppKey>,
     query: web::Query<HistoryQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
@@ -147,9 +148,9 @@ pub async fn fairness_history(
 #[serde(deny_unknown_fields)]
 pub struct AppRoundsQuery {
     /// Only rounds with a smaller id (the next page).
-    pub before: Option<i64>,
+    pub before: Option<RoundId>,
     /// Only rounds with a larger id (what is new since a round already read).
-    pub after: Option<i64>,
+    pub after: Option<RoundId>,
     /// At most this many (default 50, at most 500).
     pub limit: Option<i64>,
 }
@@ -163,7 +164,7 @@ pub struct AppRoundsQuery {
 pub async fn app_rounds(
     state: web::Data<ApiState>,
     caller: Caller,
-    app: web::Path<i64>,
+    app: web::Path<AppKey>,
     query: web::Query<AppRoundsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
@@ -180,7 +181,7 @@ pub async fn app_rounds(
 #[derive(Debug, Serialize, ToSchema)]
 pub struct FairnessSummary {
     /// The round the standings come from; `None` before the first round.
-    pub round_id: Option<i64>,
+    pub round_id: Option<RoundId>,
     pub at: Option<DateTime<Utc>>,
     /// Worst rho first; other tenants' apps without id or name.
     pub apps: Vec<FairnessApp>,
@@ -297,11 +298,11 @@ impl Feed for DecidedRounds {
     type Item = RoundSummary;
 
     async fn after(&self, cursor: i64, limit: i64) -> Result<Vec<RoundSummary>, StoreError> {
-        self.0.decided_rounds_after(cursor, limit).await
+        self.0.decided_rounds_after(RoundId(cursor), limit).await
     }
 
     fn id(round: &RoundSummary) -> i64 {
-        round.round_id
+        round.round_id.0
     }
 
     fn frame(round: &RoundSummary) -> String {
@@ -413,7 +414,7 @@ mod tests {
 
     fn standing(rho: Option<f64>, position: i32) -> FairnessApp {
         FairnessApp {
-            app_id: Some(i64::from(position)),
+            app_id: Some(AppKey(i64::from(position))),
             name: None,
             rho,
             position,

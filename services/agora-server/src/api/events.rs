@@ -11,6 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::follow::{Feed, Follower};
 use super::problem::ApiError;
 use super::{owned_app, ApiState, Caller};
+use crate::ids::AppKey;
 use crate::notices::Topic;
 use crate::store::{AppEventRow, Store, StoreError};
 
@@ -31,7 +32,7 @@ pub struct StreamQuery {
 pub async fn stream(
     state: web::Data<ApiState>,
     caller: Caller,
-    app: web::Path<i64>,
+    app: web::Path<AppKey>,
     query: web::Query<StreamQuery>,
     request: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
@@ -67,7 +68,7 @@ pub struct EventPage {
 pub async fn poll(
     state: web::Data<ApiState>,
     caller: Caller,
-    app: web::Path<i64>,
+    app: web::Path<AppKey>,
     query: web::Query<PollQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let app = owned_app(&state, caller, *app).await?;
@@ -93,7 +94,7 @@ pub async fn poll(
 }
 
 /// Follows `app`'s events from after event `after`.
-fn follow_app(state: &ApiState, app: i64, after: i64) -> Follower<AppEvents> {
+fn follow_app(state: &ApiState, app: AppKey, after: i64) -> Follower<AppEvents> {
     let feed = AppEvents {
         store: state.store.clone(),
         app,
@@ -104,7 +105,7 @@ fn follow_app(state: &ApiState, app: i64, after: i64) -> Follower<AppEvents> {
 /// One app's events, from `app_events`.
 struct AppEvents {
     store: Store,
-    app: i64,
+    app: AppKey,
 }
 
 impl Feed for AppEvents {

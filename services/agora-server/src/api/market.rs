@@ -1,7 +1,6 @@
 //! Tenants, bids, rounds, leases and the cluster.
 
 use actix_web::{get, post, web, HttpRequest, HttpResponse};
-use agora_market::app::AppId;
 use agora_market::auction::{AppBid, BidEntry};
 use agora_market::rho::Rho;
 use agora_market::topology::GpuId;
@@ -9,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::body::{check_name, Body};
+use crate::ids::{AppKey, LeaseKey, RoundId, TenantId};
 
 /// The longest tenant name, in characters.
 pub const MAX_TENANT_NAME: usize = 100;
@@ -30,7 +30,7 @@ pub struct TenantBody {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TenantCreated {
-    pub id: i64,
+    pub id: TenantId,
     pub name: String,
     /// The tenant's API token. Shown once: only its hash is stored.
     pub token: String,
@@ -91,7 +91,7 @@ pub struct BidEntryBody {
 #[schema(example = json!({"app": 7, "rho_old": 2.4,
     "bids": [{"gpus": ["m3-g0", "m3-g1"], "rho": 1.3}, {"gpus": ["m3-g0"], "rho": 1.8}]}))]
 pub struct BidBody {
-    pub app: i64,
+    pub app: AppKey,
     /// rho if the app wins nothing; `null` when it holds no GPU (starving). Required.
     #[serde(deserialize_with = "Option::deserialize")]
     #[schema(required = true)]
@@ -106,7 +106,7 @@ impl BidBody {
                 .map_err(|error| ApiError::unprocessable(ErrorCode::InvalidRho, error.to_string()))
         };
         Ok(AppBid {
-            app: AppId(self.app.to_string()),
+            app: self.app.into(),
             rho_old: self.rho_old.map(rho).transpose()?,
             bids: self
                 .bids
@@ -132,7 +132,7 @@ impl BidBody {
 pub async fn submit_bid(
     state: web::Data<ApiState>,
     caller: Caller,
-    round: web::Path<i64>,
+    round: web::Path<RoundId>,
     request: HttpRequest,
     body: Body<BidBody>,
 ) -> Result<HttpResponse, ApiError> {
@@ -161,6 +161,7 @@ pub async fn submit_bid(
         .send(SubmitBid {
             tenant: caller.tenant(),
             round: *round,
+            app: body.app,
             bid: body.into_bid()?,
             idempotency_key,
             span: tracing::Span::current(),
@@ -177,7 +178,7 @@ pub async fn submit_bid(
 #[serde(deny_unknown_fields)]
 pub struct RoundsQuery {
     /// Only rounds with a smaller id (the next page).
-    pub before: Option<i64>,
+    pub before: Option<RoundId>,
     /// At most this many (default 50, at most 500).
     pub limit: Option<i64>,
 }
@@ -221,7 +222,7 @@ pub async fn current_round(
 pub async fn get_round(
     state: web::Data<ApiState>,
     caller: Caller,
-    round: web::Path<i64>,
+    round: web::Path<RoundId>,
 ) -> Result<HttpResponse, ApiError> {
     let detail = state
         .store
@@ -238,7 +239,7 @@ pub async fn get_round(
 pub async fn release_lease(
     state: web::Data<ApiState>,
     caller: Caller,
-    lease: web::Path<i64>,
+    lease: web::Path<LeaseKey>,
 ) -> Result<HttpResponse, ApiError> {
     state
         .arbiter()

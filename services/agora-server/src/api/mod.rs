@@ -28,6 +28,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::actors::arbiter::Arbiter;
+use crate::ids::{AppKey, TenantId};
 use crate::leadership::Leadership;
 use crate::notices::Notices;
 use crate::store::{AppRow, Store};
@@ -105,18 +106,18 @@ pub async fn turn_writes_away(
 /// map is bounded by the apps table).
 #[derive(Debug, Default)]
 pub struct Owners {
-    apps: RwLock<HashMap<i64, i64>>,
+    apps: RwLock<HashMap<AppKey, TenantId>>,
 }
 
 impl Owners {
-    fn remember_app(&self, app: i64, tenant: i64) {
+    fn remember_app(&self, app: AppKey, tenant: TenantId) {
         self.apps
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .insert(app, tenant);
     }
 
-    fn app_owner(&self, app: i64) -> Option<i64> {
+    fn app_owner(&self, app: AppKey) -> Option<TenantId> {
         self.apps
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -126,7 +127,7 @@ impl Owners {
 }
 
 impl Caller {
-    pub fn require_tenant(self) -> Result<i64, ApiError> {
+    pub fn require_tenant(self) -> Result<TenantId, ApiError> {
         self.tenant().ok_or_else(|| {
             ApiError::bad_request(
                 problem::ErrorCode::TenantRequired,
@@ -187,7 +188,7 @@ impl FromRequest for Caller {
 }
 
 /// The app, if it exists and `caller` may see it.
-async fn authorized_app(state: &ApiState, caller: Caller, app: i64) -> Result<AppRow, ApiError> {
+async fn authorized_app(state: &ApiState, caller: Caller, app: AppKey) -> Result<AppRow, ApiError> {
     let row = state
         .store
         .app(app)
@@ -199,18 +200,18 @@ async fn authorized_app(state: &ApiState, caller: Caller, app: i64) -> Result<Ap
 }
 
 /// `app`, if it exists and `caller` may act for it; answered from memory once seen.
-async fn owned_app(state: &ApiState, caller: Caller, app: i64) -> Result<i64, ApiError> {
+async fn owned_app(state: &ApiState, caller: Caller, app: AppKey) -> Result<AppKey, ApiError> {
     match state.owners.app_owner(app) {
         Some(owner) => check_owner(caller, app, owner).map(|()| app),
         None => authorized_app(state, caller, app).await.map(|row| row.id),
     }
 }
 
-fn no_such_app(app: i64) -> ApiError {
+fn no_such_app(app: AppKey) -> ApiError {
     ApiError::not_found(format!("app {app} does not exist"))
 }
 
-fn check_owner(caller: Caller, app: i64, owner: i64) -> Result<(), ApiError> {
+fn check_owner(caller: Caller, app: AppKey, owner: TenantId) -> Result<(), ApiError> {
     if caller.sees(owner) {
         Ok(())
     } else {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgListener, PgNotification};
 use tokio::sync::watch;
 
+use crate::ids::TenantId;
 use crate::store::Store;
 
 /// How long to wait before listening again after the notice connection failed.
@@ -26,7 +27,7 @@ pub struct Tokens {
 
 #[derive(Debug, Default)]
 struct Remembered {
-    tenants: HashMap<[u8; 32], i64>,
+    tenants: HashMap<[u8; 32], TenantId>,
     listening: bool,
     /// Counts the times everything was forgotten, so that a look-up that began before a
     /// change is not remembered after it.
@@ -43,7 +44,7 @@ impl Remembered {
 /// What [`Tokens::lookup`] found in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lookup {
-    Tenant(i64),
+    Tenant(TenantId),
     /// Ask the database; remember its answer with [`Tokens::remember`] and this generation.
     Unknown {
         generation: u64,
@@ -63,7 +64,7 @@ impl Tokens {
 
     /// Remembers the tenant the database gave for a token, unless token changes were noticed
     /// since the look-up began (`generation`) or nobody is listening for them.
-    pub fn remember(&self, token_sha256: [u8; 32], tenant: i64, generation: u64) {
+    pub fn remember(&self, token_sha256: [u8; 32], tenant: TenantId, generation: u64) {
         let mut state = self.write();
         if state.listening && state.generation == generation {
             state.tenants.insert(token_sha256, tenant);
@@ -164,19 +165,19 @@ mod tests {
     fn remembers_a_token_only_while_listening() {
         let tokens = Tokens::default();
         let seen = generation(tokens.lookup(&TOKEN));
-        tokens.remember(TOKEN, 3, seen);
+        tokens.remember(TOKEN, TenantId(3), seen);
         assert!(matches!(tokens.lookup(&TOKEN), Lookup::Unknown { .. }));
         tokens.set_listening(true);
         let seen = generation(tokens.lookup(&TOKEN));
-        tokens.remember(TOKEN, 3, seen);
-        assert_eq!(tokens.lookup(&TOKEN), Lookup::Tenant(3));
+        tokens.remember(TOKEN, TenantId(3), seen);
+        assert_eq!(tokens.lookup(&TOKEN), Lookup::Tenant(TenantId(3)));
     }
 
     #[test]
     fn a_change_forgets_every_token() {
         let tokens = Tokens::default();
         tokens.set_listening(true);
-        tokens.remember(TOKEN, 3, generation(tokens.lookup(&TOKEN)));
+        tokens.remember(TOKEN, TenantId(3), generation(tokens.lookup(&TOKEN)));
         tokens.forget_all();
         assert!(matches!(tokens.lookup(&TOKEN), Lookup::Unknown { .. }));
     }
@@ -198,7 +199,7 @@ mod tests {
         tokens.set_listening(true);
         let seen = generation(tokens.lookup(&TOKEN));
         tokens.forget_all();
-        tokens.remember(TOKEN, 3, seen);
+        tokens.remember(TOKEN, TenantId(3), seen);
         assert!(matches!(tokens.lookup(&TOKEN), Lookup::Unknown { .. }));
     }
 
@@ -206,10 +207,10 @@ mod tests {
     fn losing_the_notices_forgets_and_stops_remembering() {
         let tokens = Tokens::default();
         tokens.set_listening(true);
-        tokens.remember(TOKEN, 3, generation(tokens.lookup(&TOKEN)));
+        tokens.remember(TOKEN, TenantId(3), generation(tokens.lookup(&TOKEN)));
         tokens.set_listening(false);
         let seen = generation(tokens.lookup(&TOKEN));
-        tokens.remember(TOKEN, 3, seen);
+        tokens.remember(TOKEN, TenantId(3), seen);
         assert!(matches!(tokens.lookup(&TOKEN), Lookup::Unknown { .. }));
     }
 }

@@ -7,6 +7,7 @@ use agora_market::time::Timestamp;
 use sqlx::{Postgres, Transaction};
 
 use crate::clock::to_datetime;
+use crate::ids::{AppKey, BidId, RoundId};
 
 /// Where a stored bid came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,8 +30,8 @@ impl BidSource {
 /// A bid to store.
 #[derive(Debug, Clone)]
 pub struct NewBid {
-    pub round: i64,
-    pub app: i64,
+    pub round: RoundId,
+    pub app: AppKey,
     pub bid: AppBid,
     pub idempotency_key: Option<String>,
     pub received_at: Timestamp,
@@ -42,9 +43,9 @@ pub(super) async fn insert_bids(
     tx: &mut Transaction<'_, Postgres>,
     bids: &[NewBid],
     source: BidSource,
-) -> Result<Vec<Option<i64>>, sqlx::Error> {
-    let rounds: Vec<i64> = bids.iter().map(|bid| bid.round).collect();
-    let apps: Vec<i64> = bids.iter().map(|bid| bid.app).collect();
+) -> Result<Vec<Option<BidId>>, sqlx::Error> {
+    let rounds: Vec<i64> = bids.iter().map(|bid| bid.round.0).collect();
+    let apps: Vec<i64> = bids.iter().map(|bid| bid.app.0).collect();
     let rho_old: Vec<Option<f64>> = bids
         .iter()
         .map(|bid| bid.bid.rho_old.map(f64::from))
@@ -55,12 +56,12 @@ pub(super) async fn insert_bids(
         .map(|bid| to_datetime(bid.received_at))
         .collect();
     let stored = sqlx::query!(
-        "INSERT INTO bids (round_id, app_id, source, rho_old, idempotency_key, received_at)
-         SELECT round_id, app_id, $3, rho_old, idempotency_key, received_at
-         FROM unnest($1::bigint[], $2::bigint[], $4::float8[], $5::text[], $6::timestamptz[])
-              AS new (round_id, app_id, rho_old, idempotency_key, received_at)
-         ON CONFLICT (round_id, app_id) DO NOTHING
-         RETURNING id, round_id, app_id",
+        r#"INSERT INTO bids (round_id, app_id, source, rho_old, idempotency_key, received_at)
+           SELECT round_id, app_id, $3, rho_old, idempotency_key, received_at
+           FROM unnest($1::bigint[], $2::bigint[], $4::float8[], $5::text[], $6::timestamptz[])
+                AS new (round_id, app_id, rho_old, idempotency_key, received_at)
+           ON CONFLICT (round_id, app_id) DO NOTHING
+           RETURNING id AS "id: BidId", round_id AS "round_id: RoundId", app_id AS "app_id: AppKey""#,
         &rounds,
         &apps,
         source.as_str(),
@@ -70,7 +71,7 @@ pub(super) async fn insert_bids(
     )
     .fetch_all(&mut **tx)
     .await?;
-    let ids: Vec<Option<i64>> = bids
+    let ids: Vec<Option<BidId>> = bids
         .iter()
         .map(|bid| {
             stored
@@ -88,7 +89,7 @@ pub(super) async fn insert_bids(
 async fn insert_entries(
     tx: &mut Transaction<'_, Postgres>,
     bids: &[NewBid],
-    ids: &[Option<i64>],
+    ids: &[Option<BidId>],
 ) -> Result<(), sqlx::Error> {
     let (mut bid_ids, mut entries, mut positions, mut gpus, mut rhos) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -96,7 +97,7 @@ async fn insert_entries(
         let Some(id) = id else { continue };
         for (entry, row) in bid.bid.bids.iter().enumerate() {
             for (position, gpu) in row.gpus.iter().enumerate() {
-                bid_ids.push(*id);
+                bid_ids.push(id.0);
                 entries.push(entry as i32);
                 positions.push(position as i32);
                 gpus.push(gpu.0.clone());

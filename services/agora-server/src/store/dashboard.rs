@@ -9,14 +9,15 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::{BidEntryView, RoundSummary, Store, StoreError};
+use crate::ids::{AppKey, LeaseKey, RoundId, TenantId};
 use crate::visibility::Caller;
 use crate::why::{round_sentence, RoundFacts};
 
 /// An app as the dashboard lists it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct VisibleApp {
-    pub id: i64,
-    pub tenant_id: i64,
+    pub id: AppKey,
+    pub tenant_id: TenantId,
     pub tenant: String,
     pub name: String,
     pub bidding: String,
@@ -27,7 +28,7 @@ pub struct VisibleApp {
 /// The app's rho at the start of one round (`None`: starving, it held no GPU).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct RhoPoint {
-    pub round_id: i64,
+    pub round_id: RoundId,
     pub at: DateTime<Utc>,
     pub rho: Option<f64>,
     /// 0 is the worst rho, the first offered GPUs.
@@ -48,7 +49,7 @@ pub struct OwnBid {
 /// One round the app took part in: as a bidder, or by receiving leftover GPUs.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AppRound {
-    pub round_id: i64,
+    pub round_id: RoundId,
     pub opened_at: DateTime<Utc>,
     pub status: String,
     pub position: i32,
@@ -74,7 +75,7 @@ pub struct AppRound {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct FairnessApp {
     /// `None` (and no name) when the app belongs to another tenant.
-    pub app_id: Option<i64>,
+    pub app_id: Option<AppKey>,
     pub name: Option<String>,
     pub rho: Option<f64>,
     pub position: i32,
@@ -91,7 +92,7 @@ pub struct GpuCounts {
 /// The latest round's standings of still-active apps, and the GPU counts now.
 #[derive(Debug, Clone)]
 pub struct FairnessInputs {
-    pub round: Option<(i64, DateTime<Utc>)>,
+    pub round: Option<(RoundId, DateTime<Utc>)>,
     pub apps: Vec<FairnessApp>,
     pub gpus: GpuCounts,
 }
@@ -100,8 +101,8 @@ pub struct FairnessInputs {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TimelineLease {
     /// `None` (with `app_id`) when the lease belongs to another tenant.
-    pub lease_id: Option<i64>,
-    pub app_id: Option<i64>,
+    pub lease_id: Option<LeaseKey>,
+    pub app_id: Option<AppKey>,
     pub gpus: Vec<String>,
     pub start_at: DateTime<Utc>,
     /// When it ended, or when it is due to end while active.
@@ -111,9 +112,9 @@ pub struct TimelineLease {
 }
 
 impl Store {
-    pub async fn tenant_name(&self, tenant: i64) -> Result<Option<String>, StoreError> {
+    pub async fn tenant_name(&self, tenant: TenantId) -> Result<Option<String>, StoreError> {
         Ok(
-            sqlx::query_scalar!("SELECT name FROM tenants WHERE id = $1", tenant)
+            sqlx::query_scalar!("SELECT name FROM tenants WHERE id = $1", tenant.0)
                 .fetch_optional(&self.pool)
                 .await?,
         )
@@ -123,25 +124,25 @@ impl Store {
     pub async fn visible_apps(&self, viewer: Caller) -> Result<Vec<VisibleApp>, StoreError> {
         Ok(sqlx::query_as!(
             VisibleApp,
-            "SELECT a.id, a.tenant_id, t.name AS tenant, a.name, a.bidding, a.arrived_at,
-                    a.finished_at
-             FROM apps a JOIN tenants t ON t.id = a.tenant_id
-             WHERE $1::bigint IS NULL OR a.tenant_id = $1
-             ORDER BY a.id",
-            viewer.tenant()
+            r#"SELECT a.id AS "id: _", a.tenant_id AS "tenant_id: _", t.name AS tenant, a.name,
+                      a.bidding, a.arrived_at, a.finished_at
+               FROM apps a JOIN tenants t ON t.id = a.tenant_id
+               WHERE $1::bigint IS NULL OR a.tenant_id = $1
+               ORDER BY a.id"#,
+            viewer.tenant().map(|tenant| tenant.0)
         )
         .fetch_all(&self.pool)
         .await?)
     }
 
     /// The app's rho in its last `limit` rounds, oldest first.
-    pub async fn rho_history(&self, app: i64, limit: i64) -> Result<Vec<RhoPoint>, StoreError> {
+    pub async fn rho_history(&self, app: AppKey, limit: i64) -> Result<Vec<RhoPoint>, StoreError> {
         let mut points = sqlx::query_as!(
             RhoPoint,
-            "SELECT s.round_id, r.opened_at AS at, s.rho, s.position, s.bidder
-             FROM round_standings s JOIN rounds r ON r.id = s.round_id
-             WHERE s.app_id = $1 ORDER BY s.round_id DESC LIMIT $2",
-            app,
+            r#"SELECT s.round_id AS "round_id: _", r.opened_at AS at, s.rho, s.position, s.bidder
+               FROM round_standings s JOIN rounds r ON r.id = s.round_id
+               WHERE s.app_id = $1 ORDER BY s.round_id DESC LIMIT $2"#,
+            app.0,
             limit
         )
         .fetch_all(&self.pool)
@@ -154,13 +155,13 @@ impl Store {
     /// `after` if given.
     pub async fn app_rounds(
         &self,
-        app: i64,
-        before: Option<i64>,
-        after: Option<i64>,
+        app: AppKey,
+        before: Option<RoundId>,
+        after: Option<RoundId>,
         limit: i64,
     ) -> Result<Vec<AppRound>, StoreError> {
         let rows = sqlx::query!(
-            r#"SELECT s.round_id, r.opened_at, r.status, s.position, s.rho, s.bidder,
+            r#"SELECT s.round_id AS "round_id: RoundId", r.opened_at, r.status, s.position, s.rho, s.bidder,
                       b.source AS "source?", b.rho_old, b.received_at AS "received_at?",
                       al.pf_entry AS "pf_entry?", al.c AS "c?",
                       coalesce(al.kept_gpus, '{}') AS "won_gpus!",
@@ -176,14 +177,14 @@ impl Store {
                  AND s.round_id > coalesce($4::bigint, 0)
                  AND (s.bidder OR s.unmet_demand > 0 OR cardinality(al.leftover_gpus) > 0)
                ORDER BY s.round_id DESC LIMIT $3"#,
-            app,
-            before,
+            app.0,
+            before.map(|round| round.0),
             limit,
-            after
+            after.map(|round| round.0)
         )
         .fetch_all(&self.pool)
         .await?;
-        let rounds: Vec<i64> = rows.iter().map(|row| row.round_id).collect();
+        let rounds: Vec<RoundId> = rows.iter().map(|row| row.round_id).collect();
         let mut entries = self.bid_entries_of(app, &rounds).await?;
         Ok(rows
             .into_iter()
@@ -240,18 +241,20 @@ impl Store {
     /// The app's bid tables in `rounds`, by round.
     async fn bid_entries_of(
         &self,
-        app: i64,
-        rounds: &[i64],
-    ) -> Result<HashMap<i64, Vec<BidEntryView>>, StoreError> {
+        app: AppKey,
+        rounds: &[RoundId],
+    ) -> Result<HashMap<RoundId, Vec<BidEntryView>>, StoreError> {
+        let rounds: Vec<i64> = rounds.iter().map(|round| round.0).collect();
         let rows = sqlx::query!(
-            "SELECT b.round_id, e.gpus, e.rho FROM bids b JOIN bid_entries e ON e.bid_id = b.id
-             WHERE b.app_id = $1 AND b.round_id = ANY ($2) ORDER BY b.round_id, e.entry",
-            app,
-            rounds
+            r#"SELECT b.round_id AS "round_id: RoundId", e.gpus, e.rho
+               FROM bids b JOIN bid_entries e ON e.bid_id = b.id
+               WHERE b.app_id = $1 AND b.round_id = ANY ($2) ORDER BY b.round_id, e.entry"#,
+            app.0,
+            &rounds
         )
         .fetch_all(&self.pool)
         .await?;
-        let mut tables: HashMap<i64, Vec<BidEntryView>> = HashMap::new();
+        let mut tables: HashMap<RoundId, Vec<BidEntryView>> = HashMap::new();
         for row in rows {
             tables.entry(row.round_id).or_default().push(BidEntryView {
                 gpus: row.gpus,
@@ -263,15 +266,18 @@ impl Store {
 
     /// What the fairness summary is computed from, as `viewer` may see it.
     pub async fn fairness_inputs(&self, viewer: Caller) -> Result<FairnessInputs, StoreError> {
-        let round = sqlx::query!("SELECT id, opened_at FROM rounds ORDER BY id DESC LIMIT 1")
-            .fetch_optional(&self.pool)
-            .await?
-            .map(|row| (row.id, row.opened_at));
+        let round = sqlx::query!(
+            r#"SELECT id AS "id: RoundId", opened_at FROM rounds ORDER BY id DESC LIMIT 1"#
+        )
+        .fetch_optional(&self.pool)
+        .await?
+        .map(|row| (row.id, row.opened_at));
         let standings = sqlx::query!(
-            "SELECT s.app_id, a.tenant_id, a.name, s.rho, s.position
-             FROM round_standings s JOIN apps a ON a.id = s.app_id
-             WHERE s.round_id = $1 AND a.finished_at IS NULL ORDER BY s.position",
-            round.map(|(id, _)| id)
+            r#"SELECT s.app_id AS "app_id: AppKey", a.tenant_id AS "tenant_id: TenantId", a.name,
+                      s.rho, s.position
+               FROM round_standings s JOIN apps a ON a.id = s.app_id
+               WHERE s.round_id = $1 AND a.finished_at IS NULL ORDER BY s.position"#,
+            round.map(|(id, _)| id.0)
         )
         .fetch_all(&self.pool)
         .await?;
@@ -307,7 +313,8 @@ impl Store {
         viewer: Caller,
     ) -> Result<Vec<TimelineLease>, StoreError> {
         let rows = sqlx::query!(
-            r#"SELECT l.id, l.app_id, a.tenant_id, l.gpus, l.start_at,
+            r#"SELECT l.id AS "id: LeaseKey", l.app_id AS "app_id: AppKey",
+                      a.tenant_id AS "tenant_id: TenantId", l.gpus, l.start_at,
                       coalesce(l.ended_at, l.end_at) AS "end_at!", l.state
                FROM leases l JOIN apps a ON a.id = l.app_id
                WHERE l.start_at < $2 AND coalesce(l.ended_at, l.end_at) > $1
@@ -335,12 +342,12 @@ impl Store {
     /// open, so a reader that resumes after the last id it saw never skips one.
     pub async fn decided_rounds_after(
         &self,
-        after: i64,
+        after: RoundId,
         limit: i64,
     ) -> Result<Vec<RoundSummary>, StoreError> {
         Ok(sqlx::query_as!(
             RoundSummary,
-            r#"SELECT round_id AS "round_id!", opened_at AS "opened_at!", closed_at,
+            r#"SELECT round_id AS "round_id!: _", opened_at AS "opened_at!", closed_at,
                       status AS "status!", offered_gpus AS "offered_gpus!", bidders AS "bidders!",
                       bids AS "bids!", gpus_won_in_auction::bigint AS "gpus_won_in_auction!",
                       gpus_as_leftovers::bigint AS "gpus_as_leftovers!"
@@ -350,7 +357,7 @@ impl Store {
                      (SELECT min(id) FROM rounds WHERE status = 'open' AND id > $1),
                      9223372036854775807)
                ORDER BY round_id LIMIT $2"#,
-            after,
+            after.0,
             limit
         )
         .fetch_all(&self.pool)

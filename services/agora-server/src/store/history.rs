@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{RhoPoint, Store, StoreError};
+use crate::ids::{AppKey, RoundId};
 
 /// The most points one history answer holds, whatever its range.
 pub const HISTORY_POINTS: i64 = 240;
@@ -42,7 +43,7 @@ impl HistoryRange {
 /// The market at one round of the history: its standings' spread of rho.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct FairnessPoint {
-    pub round_id: i64,
+    pub round_id: RoundId,
     pub at: DateTime<Utc>,
     /// Apps in the round's standings.
     pub apps: usize,
@@ -72,7 +73,7 @@ impl Store {
         &self,
         range: HistoryRange,
         to: DateTime<Utc>,
-        app: Option<i64>,
+        app: Option<AppKey>,
     ) -> Result<Option<DateTime<Utc>>, StoreError> {
         if let Some(span) = range.span() {
             return Ok(Some(to - span));
@@ -81,7 +82,7 @@ impl Store {
             "SELECT min(r.opened_at) FROM rounds r
              WHERE $1::bigint IS NULL
                 OR EXISTS (SELECT FROM round_standings s WHERE s.round_id = r.id AND s.app_id = $1)",
-            app
+            app.map(|app| app.0)
         )
         .fetch_one(&self.pool)
         .await?)
@@ -97,7 +98,7 @@ impl Store {
         let mut points = Vec::new();
         if let Some(from) = from.filter(|from| *from < to) {
             let rounds = sqlx::query!(
-                r#"SELECT DISTINCT ON (bucket) id AS "id!", opened_at AS "at!"
+                r#"SELECT DISTINCT ON (bucket) id AS "id!: RoundId", opened_at AS "at!"
                    FROM (SELECT id, opened_at,
                                 least(floor(extract(epoch FROM opened_at - $1) * $3
                                             / extract(epoch FROM $2::timestamptz - $1)), $3 - 1)
@@ -110,9 +111,10 @@ impl Store {
             )
             .fetch_all(&self.pool)
             .await?;
-            let ids: Vec<i64> = rounds.iter().map(|round| round.id).collect();
+            let ids: Vec<i64> = rounds.iter().map(|round| round.id.0).collect();
             let standings = sqlx::query!(
-                "SELECT round_id, rho FROM round_standings WHERE round_id = ANY ($1)",
+                r#"SELECT round_id AS "round_id: RoundId", rho FROM round_standings
+                   WHERE round_id = ANY ($1)"#,
                 &ids
             )
             .fetch_all(&self.pool)
@@ -150,7 +152,7 @@ impl Store {
     /// [`HISTORY_POINTS`] equal intervals, oldest first.
     pub async fn rho_history_over(
         &self,
-        app: i64,
+        app: AppKey,
         range: HistoryRange,
         to: DateTime<Utc>,
     ) -> Result<Vec<RhoPoint>, StoreError> {
@@ -163,7 +165,7 @@ impl Store {
         };
         Ok(sqlx::query_as!(
             RhoPoint,
-            r#"SELECT DISTINCT ON (bucket) round_id AS "round_id!", at AS "at!", rho,
+            r#"SELECT DISTINCT ON (bucket) round_id AS "round_id!: _", at AS "at!", rho,
                       position AS "position!", bidder AS "bidder!"
                FROM (SELECT s.round_id, r.opened_at AS at, s.rho, s.position, s.bidder,
                             least(floor(extract(epoch FROM r.opened_at - $2) * $4
@@ -172,7 +174,7 @@ impl Store {
                      FROM round_standings s JOIN rounds r ON r.id = s.round_id
                      WHERE s.app_id = $1 AND r.opened_at >= $2 AND r.opened_at <= $3) sampled
                ORDER BY bucket, at DESC, round_id DESC"#,
-            app,
+            app.0,
             from,
             to,
             HISTORY_POINTS as f64

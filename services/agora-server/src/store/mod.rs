@@ -25,6 +25,7 @@ pub use writes::*;
 use std::str::FromStr as _;
 use std::sync::{Arc, OnceLock};
 
+use crate::ids::AppKey;
 use agora_market::app::AppId;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
@@ -160,14 +161,8 @@ impl Store {
 }
 
 /// The database id of an app from the engine's id (its decimal text).
-pub fn app_key(app: &AppId) -> Result<i64, StoreError> {
-    app.0
-        .parse()
-        .map_err(|_| StoreError::Corrupt(format!("app id {app} is not a database id")))
-}
-
-pub fn app_id(key: i64) -> AppId {
-    AppId(key.to_string())
+pub fn app_key(app: &AppId) -> Result<AppKey, StoreError> {
+    AppKey::try_from(app).map_err(StoreError::Corrupt)
 }
 
 /// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`, for error messages.
@@ -202,7 +197,7 @@ mod tests {
 
     #[test]
     fn app_ids_are_database_ids() {
-        assert_eq!(app_key(&app_id(42)).expect("numeric"), 42);
+        assert_eq!(app_key(&AppId::from("42")).expect("numeric"), AppKey(42));
         assert!(app_key(&AppId::from("vision")).is_err());
     }
 }

@@ -11,13 +11,14 @@ use utoipa::ToSchema;
 
 use agora_market::app::{App, AppKind, Job, SpeedChange};
 
-use super::{app_id, EventPayload, Store, StoreError};
+use super::{EventPayload, Store, StoreError};
+use crate::ids::{AppKey, BidId, LeaseKey, RoundId, TenantId};
 use crate::visibility::Caller;
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AppRow {
-    pub id: i64,
-    pub tenant_id: i64,
+    pub id: AppKey,
+    pub tenant_id: TenantId,
     pub name: String,
     pub kind: String,
     pub bidding: String,
@@ -33,7 +34,7 @@ impl AppRow {
             StoreError::Corrupt(format!("the state of app {}: {error}", row.id))
         })?;
         let app = App {
-            id: app_id(row.id),
+            id: row.id.into(),
             kind,
         };
         Ok(Self {
@@ -51,8 +52,8 @@ impl AppRow {
 
 /// An app as stored, its state still JSON.
 struct AppRecord {
-    id: i64,
-    tenant_id: i64,
+    id: AppKey,
+    tenant_id: TenantId,
     name: String,
     kind: String,
     bidding: String,
@@ -102,7 +103,7 @@ pub struct OperatorActionView {
     pub action: String,
     pub gpu: String,
     /// The lease a drain gave notice to.
-    pub lease_id: Option<i64>,
+    pub lease_id: Option<LeaseKey>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -116,9 +117,9 @@ pub struct LeasedGpu {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct LeaseView {
-    pub id: i64,
-    pub app_id: i64,
-    pub round_id: i64,
+    pub id: LeaseKey,
+    pub app_id: AppKey,
+    pub round_id: RoundId,
     pub gpus: Vec<LeasedGpu>,
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
@@ -134,7 +135,7 @@ pub struct LeaseView {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct RoundSummary {
-    pub round_id: i64,
+    pub round_id: RoundId,
     pub opened_at: DateTime<Utc>,
     pub closed_at: Option<DateTime<Utc>>,
     pub status: String,
@@ -149,7 +150,7 @@ pub struct RoundSummary {
 pub struct StandingView {
     pub position: i32,
     /// `None` when the app belongs to another tenant.
-    pub app_id: Option<i64>,
+    pub app_id: Option<AppKey>,
     pub rho: Option<f64>,
     pub unmet_demand: i32,
     pub bidder: bool,
@@ -164,7 +165,7 @@ pub struct BidEntryView {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct BidView {
     /// `None` (and no entries) when the bid belongs to another tenant.
-    pub app_id: Option<i64>,
+    pub app_id: Option<AppKey>,
     pub source: String,
     pub rho_old: Option<f64>,
     pub entries: Vec<BidEntryView>,
@@ -174,7 +175,7 @@ pub struct BidView {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AllocationView {
     /// `None` when the app belongs to another tenant.
-    pub app_id: Option<i64>,
+    pub app_id: Option<AppKey>,
     pub pf_entry: Option<i32>,
     pub pf_gpus: Vec<String>,
     pub c: Option<f64>,
@@ -185,7 +186,7 @@ pub struct AllocationView {
 /// One round in full. Other tenants' apps appear without ids or bid tables.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct RoundDetail {
-    pub round_id: i64,
+    pub round_id: RoundId,
     pub opened_at: DateTime<Utc>,
     pub deadline: DateTime<Utc>,
     pub closed_at: Option<DateTime<Utc>>,
@@ -228,14 +229,14 @@ pub struct GpuView {
     /// In service: not drained and, on a GPU host, reported healthy by a host that is up.
     pub healthy: bool,
     /// The active lease holding it and its app (`None` for another tenant's app).
-    pub lease_id: Option<i64>,
-    pub app_id: Option<i64>,
+    pub lease_id: Option<LeaseKey>,
+    pub app_id: Option<AppKey>,
 }
 
 /// An app's place in the last round it stood in, for the "why" view.
 #[derive(Debug, Clone)]
 pub struct LastRound {
-    pub round_id: i64,
+    pub round_id: RoundId,
     pub position: i32,
     pub bidder: bool,
     pub rho: Option<f64>,
@@ -244,8 +245,8 @@ pub struct LastRound {
 /// What the arbiter reloads after a restart.
 #[derive(Debug, Clone)]
 pub struct ActiveApp {
-    pub id: i64,
-    pub tenant_id: i64,
+    pub id: AppKey,
+    pub tenant_id: TenantId,
     pub bidding: String,
     pub state: Value,
     pub arrived_at: DateTime<Utc>,
@@ -264,8 +265,8 @@ pub struct DepartedApp {
 
 #[derive(Debug, Clone)]
 pub struct StoredLease {
-    pub id: i64,
-    pub app_id: i64,
+    pub id: LeaseKey,
+    pub app_id: AppKey,
     pub gpus: Vec<String>,
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
@@ -274,7 +275,7 @@ pub struct StoredLease {
 /// A round's replay inputs and stored outcome.
 #[derive(Debug, Clone)]
 pub struct StoredRound {
-    pub id: i64,
+    pub id: RoundId,
     pub status: String,
     pub opened_at: DateTime<Utc>,
     pub deadline: DateTime<Utc>,
@@ -285,25 +286,28 @@ pub struct StoredRound {
     pub standings: Value,
     pub holds: Value,
     pub claims: Value,
-    pub bidders: Vec<i64>,
+    pub bidders: Vec<AppKey>,
     pub bids: Vec<StoredBid>,
     pub allocations: Vec<super::AllocationRow>,
     pub unallocated: Vec<String>,
     /// Apps of the standings that left before the round was decided (bids withdrawn).
-    pub departed: Vec<i64>,
+    pub departed: Vec<AppKey>,
 }
 
 #[derive(Debug, Clone)]
 pub struct StoredBid {
-    pub app_id: i64,
+    pub app_id: AppKey,
     pub rho_old: Option<f64>,
     pub entries: Vec<(Vec<String>, f64)>,
 }
 
 impl Store {
-    pub async fn tenant_for_token(&self, token_sha256: &[u8]) -> Result<Option<i64>, StoreError> {
+    pub async fn tenant_for_token(
+        &self,
+        token_sha256: &[u8],
+    ) -> Result<Option<TenantId>, StoreError> {
         Ok(sqlx::query_scalar!(
-            "SELECT tenant_id FROM api_tokens WHERE token_sha256 = $1",
+            r#"SELECT tenant_id AS "tenant_id: TenantId" FROM api_tokens WHERE token_sha256 = $1"#,
             token_sha256
         )
         .fetch_optional(&self.pool)
@@ -317,12 +321,13 @@ impl Store {
         Ok(listener)
     }
 
-    pub async fn app(&self, id: i64) -> Result<Option<AppRow>, StoreError> {
+    pub async fn app(&self, id: AppKey) -> Result<Option<AppRow>, StoreError> {
         sqlx::query_as!(
             AppRecord,
-            "SELECT id, tenant_id, name, kind, bidding, arrived_at, finished_at, state FROM apps
-             WHERE id = $1",
-            id
+            r#"SELECT id AS "id: _", tenant_id AS "tenant_id: _", name, kind, bidding, arrived_at,
+                      finished_at, state
+               FROM apps WHERE id = $1"#,
+            id.0
         )
         .fetch_optional(&self.pool)
         .await?
@@ -335,9 +340,10 @@ impl Store {
     pub async fn apps_of(&self, viewer: Caller) -> Result<Vec<AppRow>, StoreError> {
         sqlx::query_as!(
             AppRecord,
-            "SELECT id, tenant_id, name, kind, bidding, arrived_at, finished_at, state FROM apps
-             WHERE $1::bigint IS NULL OR tenant_id = $1 ORDER BY id",
-            viewer.tenant()
+            r#"SELECT id AS "id: _", tenant_id AS "tenant_id: _", name, kind, bidding, arrived_at,
+                      finished_at, state
+               FROM apps WHERE $1::bigint IS NULL OR tenant_id = $1 ORDER BY id"#,
+            viewer.tenant().map(|tenant| tenant.0)
         )
         .fetch_all(&self.pool)
         .await?
@@ -346,17 +352,17 @@ impl Store {
         .collect()
     }
 
-    pub async fn leases_of(&self, app: i64) -> Result<Vec<LeaseView>, StoreError> {
+    pub async fn leases_of(&self, app: AppKey) -> Result<Vec<LeaseView>, StoreError> {
         let rows = sqlx::query!(
-            "SELECT l.id, l.round_id, l.gpus, l.start_at, l.end_at, l.state, l.ended_at,
-                    latest.cpus, latest.memory_gib
-             FROM leases l
-             LEFT JOIN LATERAL (
-                 SELECT cpus, memory_gib FROM lease_resources r WHERE r.lease_id = l.id
-                 ORDER BY r.round_id DESC LIMIT 1
-             ) latest ON true
-             WHERE l.app_id = $1 ORDER BY l.id",
-            app
+            r#"SELECT l.id AS "id: LeaseKey", l.round_id AS "round_id: RoundId", l.gpus,
+                      l.start_at, l.end_at, l.state, l.ended_at, latest.cpus, latest.memory_gib
+               FROM leases l
+               LEFT JOIN LATERAL (
+                   SELECT cpus, memory_gib FROM lease_resources r WHERE r.lease_id = l.id
+                   ORDER BY r.round_id DESC LIMIT 1
+               ) latest ON true
+               WHERE l.app_id = $1 ORDER BY l.id"#,
+            app.0
         )
         .fetch_all(&self.pool)
         .await?;
@@ -413,19 +419,19 @@ impl Store {
     /// Rounds newest first, before round `before` (exclusive) when given.
     pub async fn rounds(
         &self,
-        before: Option<i64>,
+        before: Option<RoundId>,
         limit: i64,
     ) -> Result<Vec<RoundSummary>, StoreError> {
         Ok(sqlx::query_as!(
             RoundSummary,
-            r#"SELECT round_id AS "round_id!", opened_at AS "opened_at!", closed_at,
+            r#"SELECT round_id AS "round_id!: _", opened_at AS "opened_at!", closed_at,
                       status AS "status!", offered_gpus AS "offered_gpus!", bidders AS "bidders!",
                       bids AS "bids!", gpus_won_in_auction::bigint AS "gpus_won_in_auction!",
                       gpus_as_leftovers::bigint AS "gpus_as_leftovers!"
                FROM round_summary
                WHERE round_id < coalesce($1, 9223372036854775807)
                ORDER BY round_id DESC LIMIT $2"#,
-            before,
+            before.map(|round| round.0),
             limit
         )
         .fetch_all(&self.pool)
@@ -435,7 +441,7 @@ impl Store {
     /// Round `id` as `viewer` may see it.
     pub async fn round_detail(
         &self,
-        id: i64,
+        id: RoundId,
         viewer: Caller,
     ) -> Result<Option<RoundDetail>, StoreError> {
         let Some(stored) = self.stored_round(id).await? else {
@@ -443,18 +449,18 @@ impl Store {
         };
         let round = sqlx::query!(
             "SELECT closed_at, fairness_knob FROM rounds WHERE id = $1",
-            id
+            id.0
         )
         .fetch_one(&self.pool)
         .await?;
         let owners = self.round_app_owners(id).await?;
         // Every app of the round stands in it, so every app here has an owner.
-        let visible = |app: i64| owners.get(&app).is_some_and(|&owner| viewer.sees(owner));
-        let shown = |app: i64| visible(app).then_some(app);
+        let visible = |app: AppKey| owners.get(&app).is_some_and(|&owner| viewer.sees(owner));
+        let shown = |app: AppKey| visible(app).then_some(app);
         let standings = sqlx::query!(
-            "SELECT position, app_id, rho, unmet_demand, bidder FROM round_standings
-             WHERE round_id = $1 ORDER BY position",
-            id
+            r#"SELECT position, app_id AS "app_id: AppKey", rho, unmet_demand, bidder
+               FROM round_standings WHERE round_id = $1 ORDER BY position"#,
+            id.0
         )
         .fetch_all(&self.pool)
         .await?
@@ -522,11 +528,15 @@ impl Store {
         }))
     }
 
-    async fn round_app_owners(&self, round: i64) -> Result<HashMap<i64, i64>, StoreError> {
+    async fn round_app_owners(
+        &self,
+        round: RoundId,
+    ) -> Result<HashMap<AppKey, TenantId>, StoreError> {
         let rows = sqlx::query!(
-            "SELECT a.id, a.tenant_id FROM round_standings s JOIN apps a ON a.id = s.app_id
-             WHERE s.round_id = $1",
-            round
+            r#"SELECT a.id AS "id: AppKey", a.tenant_id AS "tenant_id: TenantId"
+               FROM round_standings s JOIN apps a ON a.id = s.app_id
+               WHERE s.round_id = $1"#,
+            round.0
         )
         .fetch_all(&self.pool)
         .await?;
@@ -538,11 +548,12 @@ impl Store {
 
     async fn bid_times(
         &self,
-        round: i64,
-    ) -> Result<HashMap<i64, (String, DateTime<Utc>)>, StoreError> {
+        round: RoundId,
+    ) -> Result<HashMap<AppKey, (String, DateTime<Utc>)>, StoreError> {
         let rows = sqlx::query!(
-            "SELECT app_id, source, received_at FROM bids WHERE round_id = $1",
-            round
+            r#"SELECT app_id AS "app_id: AppKey", source, received_at FROM bids
+               WHERE round_id = $1"#,
+            round.0
         )
         .fetch_all(&self.pool)
         .await?;
@@ -553,12 +564,13 @@ impl Store {
     }
 
     /// Everything stored about round `id`: its replay inputs and its outcome.
-    pub async fn stored_round(&self, id: i64) -> Result<Option<StoredRound>, StoreError> {
+    pub async fn stored_round(&self, id: RoundId) -> Result<Option<StoredRound>, StoreError> {
         let Some(round) = sqlx::query!(
-            "SELECT id, status, opened_at, deadline, seed::text AS \"seed!\", engine_version,
-                    leftover_policy, offer, standings, holds, claims, unallocated, departed
-             FROM rounds WHERE id = $1",
-            id
+            r#"SELECT status, opened_at, deadline, seed::text AS "seed!", engine_version,
+                      leftover_policy, offer, standings, holds, claims, unallocated,
+                      departed AS "departed: Vec<AppKey>"
+               FROM rounds WHERE id = $1"#,
+            id.0
         )
         .fetch_optional(&self.pool)
         .await?
@@ -566,15 +578,17 @@ impl Store {
             return Ok(None);
         };
         let bidders = sqlx::query_scalar!(
-            "SELECT app_id FROM round_standings WHERE round_id = $1 AND bidder ORDER BY position",
-            id
+            r#"SELECT app_id AS "app_id: AppKey" FROM round_standings
+               WHERE round_id = $1 AND bidder ORDER BY position"#,
+            id.0
         )
         .fetch_all(&self.pool)
         .await?;
         let allocations = sqlx::query!(
-            "SELECT app_id, pf_entry, pf_gpus, c, c_fallback, kept_gpus, leftover_gpus
-             FROM round_allocations WHERE round_id = $1 ORDER BY app_id",
-            id
+            r#"SELECT app_id AS "app_id: AppKey", pf_entry, pf_gpus, c, c_fallback, kept_gpus,
+                      leftover_gpus
+               FROM round_allocations WHERE round_id = $1 ORDER BY app_id"#,
+            id.0
         )
         .fetch_all(&self.pool)
         .await?
@@ -590,7 +604,7 @@ impl Store {
         })
         .collect();
         Ok(Some(StoredRound {
-            id: round.id,
+            id,
             status: round.status,
             opened_at: round.opened_at,
             deadline: round.deadline,
@@ -629,12 +643,12 @@ impl Store {
     }
 
     /// Bid `id` as stored (its table possibly empty).
-    pub async fn bid(&self, id: i64) -> Result<Option<StoredBid>, StoreError> {
+    pub async fn bid(&self, id: BidId) -> Result<Option<StoredBid>, StoreError> {
         let rows = sqlx::query!(
-            "SELECT b.app_id, b.rho_old, e.gpus AS \"gpus?\", e.rho AS \"rho?\" FROM bids b
-             LEFT JOIN bid_entries e ON e.bid_id = b.id
-             WHERE b.id = $1 ORDER BY e.entry",
-            id
+            r#"SELECT b.app_id AS "app_id: AppKey", b.rho_old, e.gpus AS "gpus?", e.rho AS "rho?"
+               FROM bids b LEFT JOIN bid_entries e ON e.bid_id = b.id
+               WHERE b.id = $1 ORDER BY e.entry"#,
+            id.0
         )
         .fetch_all(&self.pool)
         .await?;
@@ -653,12 +667,12 @@ impl Store {
     }
 
     /// Every bid of the round, by app, those with an empty table included.
-    pub async fn bids_of_round(&self, round: i64) -> Result<Vec<StoredBid>, StoreError> {
+    pub async fn bids_of_round(&self, round: RoundId) -> Result<Vec<StoredBid>, StoreError> {
         let rows = sqlx::query!(
-            "SELECT b.app_id, b.rho_old, e.gpus AS \"gpus?\", e.rho AS \"rho?\" FROM bids b
-             LEFT JOIN bid_entries e ON e.bid_id = b.id
-             WHERE b.round_id = $1 ORDER BY b.app_id, e.entry",
-            round
+            r#"SELECT b.app_id AS "app_id: AppKey", b.rho_old, e.gpus AS "gpus?", e.rho AS "rho?"
+               FROM bids b LEFT JOIN bid_entries e ON e.bid_id = b.id
+               WHERE b.round_id = $1 ORDER BY b.app_id, e.entry"#,
+            round.0
         )
         .fetch_all(&self.pool)
         .await?;
@@ -681,7 +695,7 @@ impl Store {
 
     pub async fn events_after(
         &self,
-        app: i64,
+        app: AppKey,
         after: i64,
         limit: i64,
     ) -> Result<Vec<AppEventRow>, StoreError> {
@@ -689,7 +703,7 @@ impl Store {
             AppEventRow,
             "SELECT id, at, kind, payload FROM app_events WHERE app_id = $1 AND id > $2
              ORDER BY id LIMIT $3",
-            app,
+            app.0,
             after,
             limit
         )
@@ -697,12 +711,12 @@ impl Store {
         .await?)
     }
 
-    pub async fn last_round_of(&self, app: i64) -> Result<Option<LastRound>, StoreError> {
+    pub async fn last_round_of(&self, app: AppKey) -> Result<Option<LastRound>, StoreError> {
         Ok(sqlx::query_as!(
             LastRound,
-            "SELECT round_id, position, bidder, rho FROM round_standings
-             WHERE app_id = $1 ORDER BY round_id DESC LIMIT 1",
-            app
+            r#"SELECT round_id AS "round_id: _", position, bidder, rho FROM round_standings
+               WHERE app_id = $1 ORDER BY round_id DESC LIMIT 1"#,
+            app.0
         )
         .fetch_optional(&self.pool)
         .await?)
@@ -715,8 +729,8 @@ impl Store {
     ) -> Result<Vec<OperatorActionView>, StoreError> {
         Ok(sqlx::query_as!(
             OperatorActionView,
-            "SELECT at, action, gpu_id AS gpu, lease_id FROM operator_actions
-             ORDER BY id DESC LIMIT $1",
+            r#"SELECT at, action, gpu_id AS gpu, lease_id AS "lease_id: _" FROM operator_actions
+               ORDER BY id DESC LIMIT $1"#,
             limit
         )
         .fetch_all(&self.pool)
@@ -730,8 +744,8 @@ impl Store {
                       w.name AS "product_name?", w.compute_capability AS "compute_capability?",
                       g.healthy AND coalesce(w.healthy AND w.reported, true)
                           AND coalesce(h.status = 'up', true) AS "healthy!",
-                      l.id AS "lease_id?", l.app_id AS "app_id?",
-                      a.tenant_id AS "tenant_id?"
+                      l.id AS "lease_id?: LeaseKey", l.app_id AS "app_id?: AppKey",
+                      a.tenant_id AS "tenant_id?: TenantId"
                FROM gpus g
                JOIN machines m ON m.id = g.machine_id
                LEFT JOIN worker_gpus w ON w.gpu_id = g.id
@@ -768,7 +782,8 @@ impl Store {
     pub async fn active_apps(&self) -> Result<Vec<ActiveApp>, StoreError> {
         Ok(sqlx::query_as!(
             ActiveApp,
-            r#"SELECT a.id, a.tenant_id, a.bidding, a.state, a.arrived_at, a.enforcement,
+            r#"SELECT a.id AS "id: _", a.tenant_id AS "tenant_id: _", a.bidding, a.state,
+                      a.arrived_at, a.enforcement,
                       a.cluster_seconds,
                       coalesce((SELECT sum(extract(epoch FROM l.ended_at - l.start_at)
                                            * cardinality(l.gpus))
@@ -796,7 +811,8 @@ impl Store {
     pub async fn claimed_leases(&self) -> Result<Vec<StoredLease>, StoreError> {
         Ok(sqlx::query_as!(
             StoredLease,
-            r#"SELECT l.id, l.app_id, l.gpus, l.start_at, l.end_at FROM leases l
+            r#"SELECT l.id AS "id: _", l.app_id AS "app_id: _", l.gpus, l.start_at, l.end_at
+               FROM leases l
                JOIN apps a ON a.id = l.app_id
                WHERE l.state = 'expired' AND a.finished_at IS NULL
                  AND l.ended_at >= coalesce(
@@ -810,7 +826,8 @@ impl Store {
     pub async fn active_leases(&self) -> Result<Vec<StoredLease>, StoreError> {
         Ok(sqlx::query_as!(
             StoredLease,
-            "SELECT id, app_id, gpus, start_at, end_at FROM leases WHERE state = 'active' ORDER BY id"
+            r#"SELECT id AS "id: _", app_id AS "app_id: _", gpus, start_at, end_at FROM leases
+               WHERE state = 'active' ORDER BY id"#
         )
         .fetch_all(&self.pool)
         .await?)
@@ -832,31 +849,32 @@ impl Store {
     }
 
     /// The next unused round and lease ids.
-    pub async fn next_ids(&self) -> Result<(i64, i64), StoreError> {
+    pub async fn next_ids(&self) -> Result<(RoundId, LeaseKey), StoreError> {
         let row = sqlx::query!(
-            r#"SELECT coalesce((SELECT max(id) FROM rounds), 0) + 1 AS "round!",
-                      coalesce((SELECT max(id) FROM leases), -1) + 1 AS "lease!""#
+            r#"SELECT coalesce((SELECT max(id) FROM rounds), 0) + 1 AS "round!: RoundId",
+                      coalesce((SELECT max(id) FROM leases), -1) + 1 AS "lease!: LeaseKey""#
         )
         .fetch_one(&self.pool)
         .await?;
         Ok((row.round, row.lease))
     }
 
-    pub async fn open_round_id(&self) -> Result<Option<i64>, StoreError> {
+    pub async fn open_round_id(&self) -> Result<Option<RoundId>, StoreError> {
         Ok(sqlx::query_scalar!(
-            "SELECT id FROM rounds WHERE status = 'open' ORDER BY id DESC LIMIT 1"
+            r#"SELECT id AS "id: RoundId" FROM rounds WHERE status = 'open'
+               ORDER BY id DESC LIMIT 1"#
         )
         .fetch_optional(&self.pool)
         .await?)
     }
 
     /// Ids of every closed round, oldest first (for audits).
-    pub async fn closed_round_ids(&self) -> Result<Vec<i64>, StoreError> {
-        Ok(
-            sqlx::query_scalar!("SELECT id FROM rounds WHERE status = 'closed' ORDER BY id")
-                .fetch_all(&self.pool)
-                .await?,
+    pub async fn closed_round_ids(&self) -> Result<Vec<RoundId>, StoreError> {
+        Ok(sqlx::query_scalar!(
+            r#"SELECT id AS "id: RoundId" FROM rounds WHERE status = 'closed' ORDER BY id"#
         )
+        .fetch_all(&self.pool)
+        .await?)
     }
 }
 

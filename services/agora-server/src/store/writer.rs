@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::bid_rows::{insert_bids, BidSource, NewBid};
 use super::writes::{insert_app, write_commit, NewApp};
 use super::{Commit, Store, StoreError};
+use crate::ids::{AppKey, BidId, RoundId};
 
 /// Most jobs in one transaction: bounds a commit's size when a backlog builds up.
 const MAX_BATCH: usize = 512;
@@ -25,7 +26,7 @@ const MAX_BATCH: usize = 512;
 /// What became of an app's registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AppInsert {
-    Stored(i64),
+    Stored(AppKey),
     /// The tenant already has an app of that name: nothing stored.
     DuplicateName,
 }
@@ -33,10 +34,10 @@ pub enum AppInsert {
 /// What became of a framework's bid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BidInsert {
-    Stored(i64),
+    Stored(BidId),
     /// A retry: the app's bid in the round has this `Idempotency-Key`; nothing stored, that
     /// bid's id.
-    Replayed(i64),
+    Replayed(BidId),
     /// The app already has a bid in the round: nothing stored.
     AlreadyBid,
 }
@@ -48,10 +49,10 @@ enum Job {
     App(Box<NewApp>, Reply<AppInsert>),
     Bid(NewBid, Reply<BidInsert>),
     Lookup {
-        round: i64,
-        app: i64,
+        round: RoundId,
+        app: AppKey,
         key: String,
-        reply: Reply<Option<i64>>,
+        reply: Reply<Option<BidId>>,
     },
     /// A decision, stamped `now`; handed back once durable.
     Decision(Box<Commit>, Timestamp, Reply<Box<Commit>>),
@@ -101,10 +102,10 @@ impl Writer {
     /// before this call.
     pub fn bid_with_key(
         &self,
-        round: i64,
-        app: i64,
+        round: RoundId,
+        app: AppKey,
         key: String,
-    ) -> impl Future<Output = Result<Option<i64>, StoreError>> + use<> {
+    ) -> impl Future<Output = Result<Option<BidId>, StoreError>> + use<> {
         let (reply, answer) = oneshot::channel();
         let queued = self.queue(Job::Lookup {
             round,
@@ -178,7 +179,7 @@ async fn write_jobs(store: Store, mut queue: mpsc::UnboundedReceiver<Job>) {
 enum Taken {
     App(Reply<AppInsert>, Option<AppInsert>),
     Bid(Reply<BidInsert>, Option<BidInsert>),
-    Lookup(Reply<Option<i64>>, Option<Option<i64>>),
+    Lookup(Reply<Option<BidId>>, Option<Option<BidId>>),
     Decision(Reply<Box<Commit>>, Box<Commit>),
     Flush(oneshot::Sender<()>),
 }
@@ -330,14 +331,15 @@ async fn insert_framework_bids(
 
 async fn bid_with_key(
     tx: &mut Transaction<'_, Postgres>,
-    round: i64,
-    app: i64,
+    round: RoundId,
+    app: AppKey,
     key: &str,
-) -> Result<Option<i64>, sqlx::Error> {
+) -> Result<Option<BidId>, sqlx::Error> {
     sqlx::query_scalar!(
-        "SELECT id FROM bids WHERE round_id = $1 AND app_id = $2 AND idempotency_key = $3",
-        round,
-        app,
+        r#"SELECT id AS "id: BidId" FROM bids
+           WHERE round_id = $1 AND app_id = $2 AND idempotency_key = $3"#,
+        round.0,
+        app.0,
         key
     )
     .fetch_optional(&mut **tx)

@@ -14,12 +14,13 @@ use utoipa::ToSchema;
 use super::bid_rows::{insert_bids, BidSource, NewBid};
 use super::{Store, StoreError};
 use crate::clock::to_datetime;
+use crate::ids::{AppKey, LeaseKey, RoundId, TenantId};
 
 /// A lease as stored: GPU ids instead of engine indices.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaseRecord {
-    pub id: i64,
-    pub app: i64,
+    pub id: LeaseKey,
+    pub app: AppKey,
     pub gpus: Vec<String>,
     pub start: Timestamp,
     pub end: Timestamp,
@@ -30,7 +31,7 @@ pub struct LeaseRecord {
 /// A round as it opens: its inputs and who stands where.
 #[derive(Debug, Clone)]
 pub struct OpenedRound {
-    pub id: i64,
+    pub id: RoundId,
     pub opened_at: Timestamp,
     pub deadline: Timestamp,
     pub fairness_knob: f64,
@@ -44,7 +45,7 @@ pub struct OpenedRound {
 
 #[derive(Debug, Clone)]
 pub struct StandingRow {
-    pub app: i64,
+    pub app: AppKey,
     /// `None`: starving.
     pub rho: Option<f64>,
     pub unmet_demand: i32,
@@ -55,15 +56,15 @@ pub struct StandingRow {
 /// only at close.
 #[derive(Debug, Clone)]
 pub struct ClosedRound {
-    pub id: i64,
+    pub id: RoundId,
     pub closed_at: Timestamp,
     pub holds: Value,
     pub claims: Value,
-    pub agent_bids: Vec<(i64, AppBid)>,
+    pub agent_bids: Vec<(AppKey, AppBid)>,
     pub allocations: Vec<AllocationRow>,
     pub unallocated: Vec<String>,
     /// Apps of the standings that left before the round was decided (bids withdrawn).
-    pub departed: Vec<i64>,
+    pub departed: Vec<AppKey>,
     /// The CPUs and memory of every active lease after the round (on modelled machines).
     pub lease_resources: Vec<LeaseResources>,
 }
@@ -71,14 +72,14 @@ pub struct ClosedRound {
 /// The CPUs and memory a lease has (over all its machines; `None`: not modelled on one of them).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LeaseResources {
-    pub lease: i64,
+    pub lease: LeaseKey,
     pub cpus: Option<f64>,
     pub memory_gib: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct AllocationRow {
-    pub app: i64,
+    pub app: AppKey,
     pub pf_entry: Option<i32>,
     pub pf_gpus: Vec<String>,
     pub c: Option<f64>,
@@ -91,7 +92,7 @@ pub struct AllocationRow {
 /// Something an app is told (an offer, a round's result, a lease change).
 #[derive(Debug, Clone)]
 pub struct AppEvent {
-    pub app: i64,
+    pub app: AppKey,
     pub payload: EventPayload,
 }
 
@@ -122,7 +123,7 @@ impl EventPayload {
 /// `offer`: the app is a bidder of round `round`, open until `deadline`.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct OfferEvent {
-    pub round: i64,
+    pub round: RoundId,
     pub deadline: DateTime<Utc>,
     /// The app's rho when the round opened; `null` while it is starving.
     pub rho: Option<f64>,
@@ -141,7 +142,7 @@ pub struct OfferedGpu {
 /// `round_result`: what the app got in round `round`.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct RoundResultEvent {
-    pub round: i64,
+    pub round: RoundId,
     /// The index of the bid entry the proportional-fair choice gave it; `null`: none.
     pub pf_entry: Option<i32>,
     /// Its hidden-payment share c; `null` if it did not bid.
@@ -153,8 +154,8 @@ pub struct RoundResultEvent {
 /// `lease_granted`: a lease on `gpus` from `start` to `end`.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct LeaseGrantedEvent {
-    pub lease: i64,
-    pub round: i64,
+    pub lease: LeaseKey,
+    pub round: RoundId,
     pub gpus: Vec<String>,
     pub start: DateTime<Utc>,
     pub end: DateTime<Utc>,
@@ -163,7 +164,7 @@ pub struct LeaseGrantedEvent {
 /// `lease_ended`: the lease expired, was released or was revoked (`state`).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct LeaseEndedEvent {
-    pub lease: i64,
+    pub lease: LeaseKey,
     pub state: String,
     pub gpus: Vec<String>,
     /// Why it was revoked; `null` for a lease that expired or was released.
@@ -173,7 +174,7 @@ pub struct LeaseEndedEvent {
 /// `revocation_notice`: the lease's GPU `gpu` leaves service; the lease ends at `revoke_at`.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct RevocationNoticeEvent {
-    pub lease: i64,
+    pub lease: LeaseKey,
     pub gpu: String,
     pub revoke_at: DateTime<Utc>,
     pub reason: String,
@@ -181,7 +182,7 @@ pub struct RevocationNoticeEvent {
 
 #[derive(Debug, Clone)]
 pub struct ProgressSample {
-    pub app: i64,
+    pub app: AppKey,
     pub job: String,
     pub completed_iterations: i64,
     pub stopped: bool,
@@ -191,7 +192,7 @@ pub struct ProgressSample {
 /// A framework's throughput measurement, and the app's table after it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ThroughputSample {
-    pub app: i64,
+    pub app: AppKey,
     pub gpu_type: String,
     pub speed: f64,
     pub throughput: Value,
@@ -200,10 +201,10 @@ pub struct ThroughputSample {
 /// A framework's report of a job's speed change, and the job's schedule after it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpeedChangeSample {
-    pub app: i64,
+    pub app: AppKey,
     pub job: String,
     /// The first round whose rho and agent bids use it.
-    pub first_round: i64,
+    pub first_round: RoundId,
     pub at_iteration: i64,
     pub serial_iteration_time: f64,
     pub speed_changes: Value,
@@ -216,7 +217,7 @@ pub struct OperatorAction {
     pub action: &'static str,
     pub gpu: String,
     /// The lease a drain gave notice to.
-    pub lease: Option<i64>,
+    pub lease: Option<LeaseKey>,
 }
 
 /// Everything one arbiter decision changes, written in one transaction.
@@ -224,21 +225,21 @@ pub struct OperatorAction {
 pub struct Commit {
     pub opened_round: Option<OpenedRound>,
     pub closed_round: Option<ClosedRound>,
-    pub abandoned_rounds: Vec<i64>,
+    pub abandoned_rounds: Vec<RoundId>,
     /// Leases granted by the closed round.
     pub granted: Vec<LeaseRecord>,
     /// Leases that stopped being active (expired, released or revoked).
     pub ended: Vec<LeaseRecord>,
     /// Revocation notices: lease, reason.
-    pub notices: Vec<(i64, String)>,
-    pub app_states: Vec<(i64, Value)>,
+    pub notices: Vec<(LeaseKey, String)>,
+    pub app_states: Vec<(AppKey, Value)>,
     pub progress: Vec<ProgressSample>,
     pub throughput_reports: Vec<ThroughputSample>,
     pub speed_change_reports: Vec<SpeedChangeSample>,
-    pub finished_apps: Vec<i64>,
+    pub finished_apps: Vec<AppKey>,
     /// Apps that joined the market, with the arrival it counts them from (their registration
     /// was stored a moment before, with the time it was asked for).
-    pub arrivals: Vec<(i64, Timestamp)>,
+    pub arrivals: Vec<(AppKey, Timestamp)>,
     pub gpu_health: Vec<(String, bool)>,
     /// Drains and restores by an operator, audited in `operator_actions`.
     pub operator_actions: Vec<OperatorAction>,
@@ -258,15 +259,22 @@ impl Commit {
 }
 
 impl Store {
-    pub async fn create_tenant(&self, name: &str, token_sha256: &[u8]) -> Result<i64, StoreError> {
+    pub async fn create_tenant(
+        &self,
+        name: &str,
+        token_sha256: &[u8],
+    ) -> Result<TenantId, StoreError> {
         let mut tx = self.begin_write().await?;
-        let id = sqlx::query_scalar!("INSERT INTO tenants (name) VALUES ($1) RETURNING id", name)
-            .fetch_one(&mut *tx)
-            .await?;
+        let id = sqlx::query_scalar!(
+            r#"INSERT INTO tenants (name) VALUES ($1) RETURNING id AS "id: TenantId""#,
+            name
+        )
+        .fetch_one(&mut *tx)
+        .await?;
         sqlx::query!(
             "INSERT INTO api_tokens (token_sha256, tenant_id) VALUES ($1, $2)",
             token_sha256,
-            id
+            id.0
         )
         .execute(&mut *tx)
         .await?;
@@ -309,7 +317,7 @@ impl Store {
 /// An app to insert.
 #[derive(Debug)]
 pub struct NewApp {
-    pub tenant: i64,
+    pub tenant: TenantId,
     pub name: String,
     pub kind: &'static str,
     pub bidding: &'static str,
@@ -327,13 +335,13 @@ pub struct NewApp {
 pub(super) async fn insert_app(
     tx: &mut Transaction<'_, Postgres>,
     app: &NewApp,
-) -> Result<Option<i64>, sqlx::Error> {
+) -> Result<Option<AppKey>, sqlx::Error> {
     let id = sqlx::query_scalar!(
-        "INSERT INTO apps (tenant_id, name, kind, bidding, state, arrived_at, enforcement,
-                           cluster_seconds)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-         ON CONFLICT (tenant_id, name) DO NOTHING RETURNING id",
-        app.tenant,
+        r#"INSERT INTO apps (tenant_id, name, kind, bidding, state, arrived_at, enforcement,
+                             cluster_seconds)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+           ON CONFLICT (tenant_id, name) DO NOTHING RETURNING id AS "id: AppKey""#,
+        app.tenant.0,
         app.name,
         app.kind,
         app.bidding,
@@ -352,7 +360,7 @@ pub(super) async fn insert_app(
             "INSERT INTO jobs (app_id, name, total_iterations, serial_iteration_time, max_gpus,
                                    completed_iterations, stopped)
                  VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            id,
+            id.0,
             job.id,
             job.total_iterations as i64,
             job.serial_iteration_time,
@@ -396,7 +404,7 @@ pub(super) async fn write_commit(
     for &round in &commit.abandoned_rounds {
         sqlx::query!(
             "UPDATE rounds SET status = 'abandoned', closed_at = $2 WHERE id = $1",
-            round,
+            round.0,
             to_datetime(now)
         )
         .execute(&mut **tx)
@@ -421,7 +429,7 @@ pub(super) async fn write_commit(
     for &(app, arrived_at) in &commit.arrivals {
         sqlx::query!(
             "UPDATE apps SET arrived_at = $2 WHERE id = $1",
-            app,
+            app.0,
             to_datetime(arrived_at)
         )
         .execute(&mut **tx)
@@ -438,7 +446,7 @@ pub(super) async fn write_commit(
             to_datetime(now),
             action.action,
             action.gpu,
-            action.lease
+            action.lease.map(|lease| lease.0)
         )
         .execute(&mut **tx)
         .await?;
@@ -446,7 +454,7 @@ pub(super) async fn write_commit(
     if commit.events.is_empty() {
         return Ok(());
     }
-    let apps: Vec<i64> = commit.events.iter().map(|event| event.app).collect();
+    let apps: Vec<i64> = commit.events.iter().map(|event| event.app.0).collect();
     let kinds: Vec<&str> = commit
         .events
         .iter()
@@ -481,7 +489,7 @@ async fn write_opened_round(
         "INSERT INTO rounds (id, opened_at, deadline, status, policy, fairness_knob, lease_seconds,
                              leftover_policy, seed, engine_version, offer, standings, holds)
          VALUES ($1, $2, $3, 'open', 'themis', $4, $5, $6, $7::text::numeric, $8, $9, $10, '{}')",
-        round.id,
+        round.id.0,
         to_datetime(round.opened_at),
         to_datetime(round.deadline),
         round.fairness_knob,
@@ -497,14 +505,14 @@ async fn write_opened_round(
     // One statement for every active app's standing: a round opening is on the critical path.
     let rows = &round.standing_rows;
     let positions: Vec<i32> = (0..rows.len() as i32).collect();
-    let apps: Vec<i64> = rows.iter().map(|row| row.app).collect();
+    let apps: Vec<i64> = rows.iter().map(|row| row.app.0).collect();
     let rhos: Vec<Option<f64>> = rows.iter().map(|row| row.rho).collect();
     let unmet: Vec<i32> = rows.iter().map(|row| row.unmet_demand).collect();
     let bidders: Vec<bool> = rows.iter().map(|row| row.bidder).collect();
     sqlx::query!(
         "INSERT INTO round_standings (round_id, position, app_id, rho, unmet_demand, bidder)
          SELECT $1, * FROM unnest($2::int[], $3::bigint[], $4::float8[], $5::int[], $6::bool[])",
-        round.id,
+        round.id.0,
         &positions,
         &apps,
         &rhos as &[Option<f64>],
@@ -530,8 +538,8 @@ async fn write_lease_resources(
                             ORDER BY round_id DESC LIMIT 1) latest
              WHERE latest.cpus IS NOT DISTINCT FROM $4
                AND latest.memory_gib IS NOT DISTINCT FROM $5)",
-        resources.lease,
-        round.id,
+        resources.lease.0,
+        round.id.0,
         to_datetime(round.closed_at),
         resources.cpus,
         resources.memory_gib
@@ -549,12 +557,12 @@ async fn write_closed_round(
         "UPDATE rounds SET status = 'closed', closed_at = $2, holds = $3, unallocated = $4,
                            claims = $5, departed = $6
          WHERE id = $1",
-        round.id,
+        round.id.0,
         to_datetime(round.closed_at),
         round.holds,
         &round.unallocated,
         round.claims,
-        &round.departed
+        &round.departed.iter().map(|app| app.0).collect::<Vec<_>>()
     )
     .execute(&mut **tx)
     .await?;
@@ -582,8 +590,8 @@ async fn write_closed_round(
             "INSERT INTO round_allocations (round_id, app_id, pf_entry, pf_gpus, c, c_fallback,
                                             kept_gpus, leftover_gpus)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            round.id,
-            row.app,
+            round.id.0,
+            row.app.0,
             row.pf_entry,
             &row.pf_gpus,
             row.c,
@@ -599,16 +607,16 @@ async fn write_closed_round(
 
 async fn write_lease_grant(
     tx: &mut Transaction<'_, Postgres>,
-    round: i64,
+    round: RoundId,
     lease: &LeaseRecord,
 ) -> Result<(), sqlx::Error> {
     let (start, end) = (to_datetime(lease.start), to_datetime(lease.end));
     sqlx::query!(
         "INSERT INTO leases (id, app_id, round_id, gpus, start_at, end_at, state)
          VALUES ($1, $2, $3, $4, $5, $6, 'active')",
-        lease.id,
-        lease.app,
-        round,
+        lease.id.0,
+        lease.app.0,
+        round.0,
         &lease.gpus,
         start,
         end
@@ -618,7 +626,7 @@ async fn write_lease_grant(
     sqlx::query!(
         "INSERT INTO lease_gpus (lease_id, gpu_id, held)
          SELECT $1, gpu, tstzrange($3, $4) FROM unnest($2::text[]) AS gpu",
-        lease.id,
+        lease.id.0,
         &lease.gpus,
         start,
         end
@@ -636,7 +644,7 @@ async fn write_lease_end(
     let state = lease_state_name(lease.state);
     sqlx::query!(
         "UPDATE leases SET state = $2, ended_at = $3 WHERE id = $1 AND state = 'active'",
-        lease.id,
+        lease.id.0,
         state,
         ended_at
     )
@@ -646,7 +654,7 @@ async fn write_lease_end(
     sqlx::query!(
         "UPDATE lease_gpus SET held = tstzrange(lower(held), greatest(lower(held), $2))
          WHERE lease_id = $1",
-        lease.id,
+        lease.id.0,
         ended_at
     )
     .execute(&mut **tx)
@@ -657,14 +665,14 @@ async fn write_lease_end(
 
 async fn write_lease_event(
     tx: &mut Transaction<'_, Postgres>,
-    lease: i64,
+    lease: LeaseKey,
     at: Timestamp,
     kind: &str,
     reason: Option<&str>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "INSERT INTO lease_events (lease_id, at, kind, reason) VALUES ($1, $2, $3, $4)",
-        lease,
+        lease.0,
         to_datetime(at),
         kind,
         reason
@@ -680,7 +688,7 @@ async fn write_app_changes(
     now: Timestamp,
 ) -> Result<(), sqlx::Error> {
     for (app, state) in &commit.app_states {
-        sqlx::query!("UPDATE apps SET state = $2 WHERE id = $1", app, state)
+        sqlx::query!("UPDATE apps SET state = $2 WHERE id = $1", app.0, state)
             .execute(&mut **tx)
             .await?;
     }
@@ -689,7 +697,7 @@ async fn write_app_changes(
         sqlx::query!(
             "INSERT INTO throughput_reports (app_id, reported_at, gpu_type, speed, throughput)
              VALUES ($1, $2, $3, $4, $5)",
-            report.app,
+            report.app.0,
             to_datetime(now),
             report.gpu_type,
             report.speed,
@@ -703,10 +711,10 @@ async fn write_app_changes(
             "INSERT INTO speed_change_reports (app_id, job, reported_at, first_round, at_iteration,
                                                serial_iteration_time, speed_changes)
              VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            report.app,
+            report.app.0,
             report.job,
             to_datetime(now),
-            report.first_round,
+            report.first_round.0,
             report.at_iteration,
             report.serial_iteration_time,
             report.speed_changes
@@ -717,7 +725,7 @@ async fn write_app_changes(
     for app in &commit.finished_apps {
         sqlx::query!(
             "UPDATE apps SET finished_at = $2 WHERE id = $1 AND finished_at IS NULL",
-            app,
+            app.0,
             to_datetime(now)
         )
         .execute(&mut **tx)
@@ -735,7 +743,7 @@ async fn write_progress(
     if samples.is_empty() {
         return Ok(());
     }
-    let apps: Vec<i64> = samples.iter().map(|sample| sample.app).collect();
+    let apps: Vec<i64> = samples.iter().map(|sample| sample.app.0).collect();
     let jobs: Vec<&str> = samples.iter().map(|sample| sample.job.as_str()).collect();
     let done: Vec<i64> = samples
         .iter()
