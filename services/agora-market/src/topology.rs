@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::resources::MachineResources;
 
 /// A GPU's stable, human-readable identifier (e.g. `m3-g1`, or a CUDA UUID on real hosts).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct GpuId(pub String);
@@ -22,6 +23,12 @@ impl fmt::Display for GpuId {
 impl From<&str> for GpuId {
     fn from(id: &str) -> Self {
         Self(id.to_owned())
+    }
+}
+
+impl From<String> for GpuId {
+    fn from(id: String) -> Self {
+        Self(id)
     }
 }
 

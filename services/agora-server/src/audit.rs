@@ -7,7 +7,7 @@ use agora_market::auction::Offer;
 use agora_market::leftover::LeftoverPolicy;
 use agora_market::market::Standing;
 use agora_market::round::{decide_round, RoundInputs};
-use agora_market::topology::GpuLocation;
+use agora_market::topology::{GpuId, GpuLocation};
 use anyhow::{bail, Context as _};
 use serde::Serialize;
 
@@ -50,17 +50,12 @@ pub async fn replay_round(store: &Store, round: RoundId) -> anyhow::Result<Repla
     let decision = decide_round(&inputs).with_context(|| format!("replaying round {round}"))?;
     let expected = allocation_rows_of(Some(&decision.auction), &decision.leftover_grants)?;
     compare_rows(&expected, &stored.allocations, &mut differences);
-    let granted: BTreeSet<&str> = decision
-        .grants
-        .values()
-        .flatten()
-        .map(|gpu| gpu.0.as_str())
-        .collect();
-    let unallocated: Vec<String> = inputs
+    let granted: BTreeSet<&GpuId> = decision.grants.values().flatten().collect();
+    let unallocated: Vec<GpuId> = inputs
         .offer
         .ids()
-        .filter(|gpu| !granted.contains(gpu.0.as_str()))
-        .map(|gpu| gpu.0.clone())
+        .filter(|gpu| !granted.contains(gpu))
+        .cloned()
         .collect();
     if unallocated != stored.unallocated {
         differences.push(format!(

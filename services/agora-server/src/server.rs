@@ -416,7 +416,7 @@ fn worker_cluster(gpus: &[StoredWorkerGpu], hosts: &[StoredHost]) -> anyhow::Res
     let gpus = gpus
         .iter()
         .map(|gpu| Gpu {
-            id: GpuId(gpu.gpu_id.clone()),
+            id: gpu.gpu_id.clone(),
             gpu_type: gpu.gpu_type.clone(),
             location: GpuLocation {
                 rack: gpu.rack as u32,
@@ -458,7 +458,7 @@ async fn restore_hosts(store: &Store, market: &mut Market) -> anyhow::Result<()>
     for gpu in &gpus {
         let index = market
             .cluster()
-            .index_of(&GpuId(gpu.gpu_id.clone()))
+            .index_of(&gpu.gpu_id)
             .ok_or_else(|| anyhow!("GPU {} of a stored host is not in the cluster", gpu.gpu_id))?;
         market.set_withdrawn(index, Withdrawal::Unhealthy, !gpu.healthy);
         market.set_withdrawn(index, Withdrawal::Unreported, !gpu.reported);
@@ -466,10 +466,10 @@ async fn restore_hosts(store: &Store, market: &mut Market) -> anyhow::Result<()>
     Ok(())
 }
 
-fn gpu_indices(cluster: &Cluster, ids: &[String]) -> anyhow::Result<Vec<GpuIndex>> {
+fn gpu_indices(cluster: &Cluster, ids: &[GpuId]) -> anyhow::Result<Vec<GpuIndex>> {
     ids.iter()
         .map(|id| {
-            cluster.index_of(&GpuId(id.clone())).ok_or_else(|| {
+            cluster.index_of(id).ok_or_else(|| {
                 anyhow!("GPU {id} is in the database but not in the fleet; restore the fleet file")
             })
         })
@@ -512,7 +512,7 @@ pub fn app_bid(bid: &StoredBid) -> anyhow::Result<AppBid> {
             .iter()
             .map(|(gpus, rho)| {
                 Ok(BidEntry {
-                    gpus: gpus.iter().cloned().map(GpuId).collect(),
+                    gpus: gpus.clone(),
                     rho: Rho::new(*rho)?,
                 })
             })

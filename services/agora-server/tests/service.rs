@@ -772,7 +772,7 @@ async fn after_a_failed_decision_the_writer_writes_nothing_later() {
     store.lead(lock.claim("http://writer.test").await.expect("epoch"));
     let cluster = Cluster::from_spec(&ClusterSpec::uniform(1, 1, 1, 1)).expect("cluster");
     store.sync_fleet(&cluster).await.expect("fleet");
-    let gpu = cluster.gpus().next().expect("one GPU").1.id.0.clone();
+    let gpu = cluster.gpus().next().expect("one GPU").1.id.clone();
     let writer = Writer::spawn(store.clone());
     let now = Timestamp(0);
     let refused = Commit {
@@ -799,7 +799,7 @@ async fn after_a_failed_decision_the_writer_writes_nothing_later() {
     writer.flush().await;
     assert_eq!(
         store.unhealthy_gpus().await.expect("read"),
-        Vec::<String>::new(),
+        Vec::<agora_market::topology::GpuId>::new(),
         "the later decision is not written"
     );
 }

@@ -5,12 +5,13 @@
 
 use crate::ids::{AppKey, LeaseKey};
 use actix::prelude::*;
+use agora_market::topology::GpuId;
 use agora_protocol::{GpuHealth, GpuMetrics};
 
 /// The worker's view of its GPU.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuState {
-    pub gpu: String,
+    pub gpu: GpuId,
     pub cuda_uuid: String,
     /// The host running `agora worker`; `None` in a simulated fleet.
     pub host: Option<String>,
@@ -52,7 +53,7 @@ pub struct GpuWorker {
 }
 
 impl GpuWorker {
-    pub fn simulated(gpu: String, cuda_uuid: String, healthy: bool) -> Self {
+    pub fn simulated(gpu: GpuId, cuda_uuid: String, healthy: bool) -> Self {
         Self {
             state: GpuState {
                 gpu,
@@ -66,11 +67,11 @@ impl GpuWorker {
     }
 
     /// A GPU of a host running `agora worker`; its id is its CUDA UUID.
-    pub fn on_host(uuid: String, host: String, healthy: bool) -> Self {
+    pub fn on_host(uuid: GpuId, host: String, healthy: bool) -> Self {
         Self {
             state: GpuState {
-                gpu: uuid.clone(),
-                cuda_uuid: uuid,
+                cuda_uuid: uuid.0.clone(),
+                gpu: uuid,
                 host: Some(host),
                 healthy,
                 reported: None,

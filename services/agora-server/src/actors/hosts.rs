@@ -288,7 +288,7 @@ impl Arbiter {
             .next
             .set_withdrawn(gpu, Withdrawal::Unhealthy, why.is_some());
         staged.commit.workers.gpu_health.push(GpuHealthChange {
-            gpu: uuid.0.clone(),
+            gpu: uuid.clone(),
             healthy: why.is_none(),
             reason: why.cloned(),
         });
@@ -308,8 +308,8 @@ impl Arbiter {
         Ok(())
     }
 
-    pub(super) fn tell_gpu(&self, gpu: &str, command: GpuCommand) {
-        if let Some(index) = self.market().cluster().index_of(&GpuId(gpu.to_owned())) {
+    pub(super) fn tell_gpu(&self, gpu: &GpuId, command: GpuCommand) {
+        if let Some(index) = self.market().cluster().index_of(gpu) {
             self.gpus[index.get()].do_send(command);
         }
     }
@@ -345,11 +345,14 @@ impl Arbiter {
 
     /// The mirror of GPU `index`: of a registered host, or of the simulated fleet.
     pub(super) fn gpu_worker(&self, index: GpuIndex) -> GpuWorker {
-        let id = self.market().cluster().gpu(index).id.0.clone();
+        let id = self.market().cluster().gpu(index).id.clone();
         let healthy = self.market().is_healthy(index);
         match self.market().host_of(index) {
             Some(host) => GpuWorker::on_host(id, host.name.clone(), healthy),
-            None => GpuWorker::simulated(id.clone(), simulated_cuda_uuid(&id), healthy),
+            None => {
+                let cuda_uuid = simulated_cuda_uuid(&id.0);
+                GpuWorker::simulated(id, cuda_uuid, healthy)
+            }
         }
     }
 

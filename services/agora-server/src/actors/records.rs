@@ -29,7 +29,7 @@ pub fn lease_record(market: &Market, lease: &Lease) -> Result<LeaseRecord, Arbit
         gpus: lease
             .gpus
             .iter()
-            .map(|&gpu| market.cluster().gpu(gpu).id.0.clone())
+            .map(|&gpu| market.cluster().gpu(gpu).id.clone())
             .collect(),
         start: lease.start,
         end: lease.end,
@@ -65,7 +65,7 @@ pub fn opened_round(
         .gpus
         .iter()
         .map(|gpu| OfferedGpu {
-            id: gpu.id.0.clone(),
+            id: gpu.id.clone(),
             location: gpu.location,
         })
         .collect();
@@ -120,11 +120,10 @@ pub fn closed_round(
         .iter()
         .map(|lease| lease_record(market, lease))
         .collect::<Result<_, _>>()?;
-    let handed_out: BTreeSet<&String> = granted.iter().flat_map(|lease| &lease.gpus).collect();
+    let handed_out: BTreeSet<&GpuId> = granted.iter().flat_map(|lease| &lease.gpus).collect();
     let unallocated = outcome
         .offer
         .ids()
-        .map(|gpu| &gpu.0)
         .filter(|gpu| !handed_out.contains(gpu))
         .cloned()
         .collect();
@@ -203,7 +202,6 @@ pub fn allocation_rows_of(
     leftover_grants: &BTreeMap<AppId, Vec<GpuId>>,
 ) -> Result<Vec<AllocationRow>, ArbiterError> {
     let mut rows: BTreeMap<AppKey, AllocationRow> = BTreeMap::new();
-    let ids = |gpus: &[GpuId]| -> Vec<String> { gpus.iter().map(|gpu| gpu.0.clone()).collect() };
     let empty = |app: AppKey| AllocationRow {
         app,
         pf_entry: None,
@@ -218,23 +216,15 @@ pub fn allocation_rows_of(
             let key = app_key(app)?;
             let row = rows.entry(key).or_insert_with(|| empty(key));
             row.pf_entry = entry.map(|entry| entry as i32);
-            row.pf_gpus = decided
-                .pf_gpus
-                .get(app)
-                .map(|gpus| ids(gpus))
-                .unwrap_or_default();
+            row.pf_gpus = decided.pf_gpus.get(app).cloned().unwrap_or_default();
             row.c = decided.c.get(app).copied();
             row.c_fallback = decided.payment_fallbacks.contains(app);
-            row.kept_gpus = decided
-                .allocation
-                .get(app)
-                .map(|gpus| ids(gpus))
-                .unwrap_or_default();
+            row.kept_gpus = decided.allocation.get(app).cloned().unwrap_or_default();
         }
     }
     for (app, gpus) in leftover_grants {
         let key = app_key(app)?;
-        rows.entry(key).or_insert_with(|| empty(key)).leftover_gpus = ids(gpus);
+        rows.entry(key).or_insert_with(|| empty(key)).leftover_gpus = gpus.clone();
     }
     Ok(rows.into_values().collect())
 }
@@ -297,7 +287,7 @@ pub fn of_record(market: &Market, now: Timestamp, record: &Record) -> Result<Com
             let revoked: Vec<Lease> = revoked.iter().cloned().collect();
             let mut commit = ended_leases(market, &revoked, Some(&notice.reason))?;
             if notice.withdrawal == Withdrawal::Drained {
-                let id = market.cluster().gpu(*gpu).id.0.clone();
+                let id = market.cluster().gpu(*gpu).id.clone();
                 commit.gpu_health.push((id, false));
             }
             Ok(commit)

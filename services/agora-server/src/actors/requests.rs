@@ -10,6 +10,7 @@ use agora_market::market::{MarketError, Withdrawal};
 use agora_market::progress::{JobProgress, SpeedChangeReport};
 use agora_market::throughput::{Throughput, ThroughputReport};
 use agora_market::time::Timestamp;
+use agora_market::topology::GpuId;
 use agora_market::topology::GpuIndex;
 use agora_protocol::Enforcement;
 use serde::Serialize;
@@ -703,7 +704,7 @@ impl Handler<ReleaseLease> for Arbiter {
 /// The answer to a drain: the lease given notice, if the GPU was leased.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct DrainAck {
-    pub gpu: String,
+    pub gpu: GpuId,
     pub lease: Option<LeaseKey>,
     /// When the lease is revoked and the GPU leaves service.
     pub revoke_at: chrono::DateTime<chrono::Utc>,
@@ -714,7 +715,7 @@ pub struct DrainAck {
 #[derive(Debug, Message)]
 #[rtype(result = "Result<DrainAck, ArbiterError>")]
 pub struct SetGpuService {
-    pub gpu: String,
+    pub gpu: GpuId,
     pub healthy: bool,
     /// The caller's span (the HTTP request's), which the arbiter's work joins.
     pub span: tracing::Span,
@@ -725,12 +726,8 @@ impl Handler<SetGpuService> for Arbiter {
 
     fn handle(&mut self, request: SetGpuService, ctx: &mut Self::Context) -> Self::Result {
         let _span = request.span.clone().entered();
-        let Some(index) = self
-            .market()
-            .cluster()
-            .index_of(&agora_market::topology::GpuId(request.gpu.clone()))
-        else {
-            return refuse(ArbiterError::UnknownGpu(request.gpu));
+        let Some(index) = self.market().cluster().index_of(&request.gpu) else {
+            return refuse(ArbiterError::UnknownGpu(request.gpu.0));
         };
         let now = self.now();
         if request.healthy {
@@ -808,7 +805,7 @@ impl Arbiter {
                 app: app_key(&lease.app)?,
                 payload: EventPayload::RevocationNotice(RevocationNoticeEvent {
                     lease: lease.id.into(),
-                    gpu: self.market().cluster().gpu(gpu).id.0.clone(),
+                    gpu: self.market().cluster().gpu(gpu).id.clone(),
                     revoke_at: to_datetime(notice.at),
                     reason: notice.reason.clone(),
                 }),
@@ -915,7 +912,7 @@ pub struct RhoView {
     /// by and offers in its `offer` events; `null` while it holds and claims none (starving).
     pub rho: Option<f64>,
     /// The GPUs of the projection: exactly what the app would hold.
-    pub projected_gpus: Vec<String>,
+    pub projected_gpus: Vec<GpuId>,
     /// rho holding exactly `projected_gpus`, after the hypothetical progress if one was sent;
     /// `null` for no GPU (unbounded).
     pub projected_rho: Option<f64>,
@@ -928,7 +925,7 @@ pub struct RhoOf {
     pub tenant: Option<TenantId>,
     pub app: AppKey,
     /// GPU ids the app would hold.
-    pub gpus: Vec<String>,
+    pub gpus: Vec<GpuId>,
     /// Progress applied (to a copy) before projecting; nothing is changed.
     pub progress: Vec<JobProgress>,
 }
@@ -941,16 +938,13 @@ impl Handler<RhoOf> for Arbiter {
         let now = self.now();
         let mut indices: Vec<GpuIndex> = Vec::with_capacity(request.gpus.len());
         for gpu in &request.gpus {
-            let index = self
-                .market()
-                .cluster()
-                .index_of(&agora_market::topology::GpuId(gpu.clone()))
-                .ok_or_else(|| {
-                    ArbiterError::InvalidAllocation(format!("gpus: {gpu:?} is not in the cluster"))
-                })?;
+            let index = self.market().cluster().index_of(gpu).ok_or_else(|| {
+                ArbiterError::InvalidAllocation(format!("gpus: {:?} is not in the cluster", gpu.0))
+            })?;
             if indices.contains(&index) {
                 return Err(ArbiterError::InvalidAllocation(format!(
-                    "gpus: {gpu:?} is listed twice"
+                    "gpus: {:?} is listed twice",
+                    gpu.0
                 )));
             }
             indices.push(index);

@@ -5,6 +5,7 @@ use actix_web::{get, post, web, HttpResponse};
 use agora_market::app::AppKind;
 use agora_market::progress::{JobProgress, SpeedChangeReport};
 use agora_market::throughput::{Throughput, ThroughputReport};
+use agora_market::topology::GpuId;
 use agora_protocol::Enforcement;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -246,7 +247,7 @@ pub struct RhoBody {
     /// The GPUs the app would hold (their ids, as in `/v1/cluster`); none: the projection is
     /// for holding nothing.
     #[serde(default)]
-    pub gpus: Vec<String>,
+    pub gpus: Vec<GpuId>,
     /// Hypothetical progress (as in `POST /v1/apps/{app}/progress`), applied to a copy of the
     /// app before projecting; nothing is stored.
     #[serde(default)]
@@ -315,8 +316,8 @@ pub struct LastRoundWhy {
     pub bid_entries: usize,
     pub pf_entry: Option<i32>,
     pub c: Option<f64>,
-    pub won_gpus: Vec<String>,
-    pub leftover_gpus: Vec<String>,
+    pub won_gpus: Vec<GpuId>,
+    pub leftover_gpus: Vec<GpuId>,
 }
 
 #[utoipa::path(get, path = "/v1/apps/{app}/why", params(("app" = i64, Path)),

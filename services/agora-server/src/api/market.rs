@@ -81,7 +81,7 @@ fn new_token() -> String {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BidEntryBody {
-    pub gpus: Vec<String>,
+    pub gpus: Vec<GpuId>,
     /// The app's rho if it wins this bundle: finite and > 0.
     pub rho: f64,
 }
@@ -113,7 +113,7 @@ impl BidBody {
                 .into_iter()
                 .map(|entry| {
                     Ok(BidEntry {
-                        gpus: entry.gpus.into_iter().map(GpuId).collect(),
+                        gpus: entry.gpus,
                         rho: rho(entry.rho)?,
                     })
                 })
@@ -274,7 +274,7 @@ pub async fn cluster(state: web::Data<ApiState>, caller: Caller) -> Result<HttpR
 pub async fn drain_gpu(
     state: web::Data<ApiState>,
     caller: Caller,
-    gpu: web::Path<String>,
+    gpu: web::Path<GpuId>,
 ) -> Result<HttpResponse, ApiError> {
     set_service(state, caller, gpu.into_inner(), false).await
 }
@@ -286,7 +286,7 @@ pub async fn drain_gpu(
 pub async fn restore_gpu(
     state: web::Data<ApiState>,
     caller: Caller,
-    gpu: web::Path<String>,
+    gpu: web::Path<GpuId>,
 ) -> Result<HttpResponse, ApiError> {
     set_service(state, caller, gpu.into_inner(), true).await
 }
@@ -316,7 +316,7 @@ pub async fn operator_actions(
 async fn set_service(
     state: web::Data<ApiState>,
     caller: Caller,
-    gpu: String,
+    gpu: GpuId,
     healthy: bool,
 ) -> Result<HttpResponse, ApiError> {
     caller.require_admin()?;

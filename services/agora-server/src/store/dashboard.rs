@@ -2,13 +2,14 @@
 //! fairness of the market now, leases over a time window, and the rounds stream. Anything of
 //! another tenant is shown without ids, names or bid tables, as in [`Store::round_detail`].
 
+use agora_market::topology::GpuId;
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::{BidEntryView, RoundSummary, Store, StoreError};
+use super::{gpu_ids, BidEntryView, RoundSummary, Store, StoreError};
 use crate::ids::{AppKey, LeaseKey, RoundId, TenantId};
 use crate::visibility::Caller;
 use crate::why::{round_sentence, RoundFacts};
@@ -62,9 +63,9 @@ pub struct AppRound {
     /// The hidden-payment share c_i: the app keeps this fraction of its PF bundle.
     pub c: Option<f64>,
     /// GPUs kept from the auction.
-    pub won_gpus: Vec<String>,
+    pub won_gpus: Vec<GpuId>,
     /// GPUs handed out after the auction.
-    pub leftover_gpus: Vec<String>,
+    pub leftover_gpus: Vec<GpuId>,
     /// Whether it won any GPU in the auction.
     pub won: bool,
     /// The round for this app in one sentence (see [`crate::why::round_sentence`]).
@@ -103,7 +104,7 @@ pub struct TimelineLease {
     /// `None` (with `app_id`) when the lease belongs to another tenant.
     pub lease_id: Option<LeaseKey>,
     pub app_id: Option<AppKey>,
-    pub gpus: Vec<String>,
+    pub gpus: Vec<GpuId>,
     pub start_at: DateTime<Utc>,
     /// When it ended, or when it is due to end while active.
     pub end_at: DateTime<Utc>,
@@ -230,8 +231,8 @@ impl Store {
                     pf_entry: row.pf_entry,
                     c: row.c,
                     won: !row.won_gpus.is_empty(),
-                    won_gpus: row.won_gpus,
-                    leftover_gpus: row.leftover_gpus,
+                    won_gpus: gpu_ids(row.won_gpus),
+                    leftover_gpus: gpu_ids(row.leftover_gpus),
                     why,
                 }
             })
@@ -257,7 +258,7 @@ impl Store {
         let mut tables: HashMap<RoundId, Vec<BidEntryView>> = HashMap::new();
         for row in rows {
             tables.entry(row.round_id).or_default().push(BidEntryView {
-                gpus: row.gpus,
+                gpus: gpu_ids(row.gpus),
                 rho: row.rho,
             });
         }
@@ -330,7 +331,7 @@ impl Store {
             .map(|row| TimelineLease {
                 lease_id: viewer.reveal(row.tenant_id, row.id),
                 app_id: viewer.reveal(row.tenant_id, row.app_id),
-                gpus: row.gpus,
+                gpus: gpu_ids(row.gpus),
                 start_at: row.start_at,
                 end_at: row.end_at,
                 state: row.state,

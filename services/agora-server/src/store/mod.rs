@@ -22,6 +22,7 @@ pub use workers::*;
 pub use writer::*;
 pub use writes::*;
 
+use agora_market::topology::GpuId;
 use std::str::FromStr as _;
 use std::sync::{Arc, OnceLock};
 
@@ -43,7 +44,7 @@ pub enum StoreError {
     #[error("cannot apply the database migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("two leases would hold GPU {gpu} at overlapping times; nothing was written")]
-    GpuDoubleLeased { gpu: String },
+    GpuDoubleLeased { gpu: GpuId },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("{0}")]
@@ -71,9 +72,8 @@ impl StoreError {
                     .message()
                     .split_once("gpu_id)=(")
                     .and_then(|(_, rest)| rest.split(',').next())
-                    .unwrap_or("?")
-                    .to_owned();
-                return Self::GpuDoubleLeased { gpu };
+                    .unwrap_or("?");
+                return Self::GpuDoubleLeased { gpu: gpu.into() };
             }
         }
         Self::Database(error)
@@ -163,6 +163,16 @@ impl Store {
 /// The database id of an app from the engine's id (its decimal text).
 pub fn app_key(app: &AppId) -> Result<AppKey, StoreError> {
     AppKey::try_from(app).map_err(StoreError::Corrupt)
+}
+
+/// GPU ids as the `text[]` columns hold them.
+pub(crate) fn gpu_texts(gpus: &[GpuId]) -> Vec<String> {
+    gpus.iter().map(|gpu| gpu.0.clone()).collect()
+}
+
+/// GPU ids from a `text[]` column.
+pub(crate) fn gpu_ids(texts: Vec<String>) -> Vec<GpuId> {
+    texts.into_iter().map(GpuId).collect()
 }
 
 /// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`, for error messages.

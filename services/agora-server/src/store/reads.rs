@@ -1,6 +1,7 @@
 //! Reads: what the HTTP API shows, what the arbiter reloads after a restart, and what an audit
 //! replays.
 
+use agora_market::topology::GpuId;
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
@@ -11,7 +12,7 @@ use utoipa::ToSchema;
 
 use agora_market::app::{App, AppKind, Job, SpeedChange};
 
-use super::{EventPayload, Store, StoreError};
+use super::{gpu_ids, EventPayload, Store, StoreError};
 use crate::ids::{AppKey, BidId, LeaseKey, RoundId, TenantId};
 use crate::visibility::Caller;
 
@@ -101,14 +102,14 @@ pub struct OperatorActionView {
     pub at: DateTime<Utc>,
     /// `drain` or `restore`.
     pub action: String,
-    pub gpu: String,
+    pub gpu: GpuId,
     /// The lease a drain gave notice to.
     pub lease_id: Option<LeaseKey>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct LeasedGpu {
-    pub id: String,
+    pub id: GpuId,
     pub host: String,
     pub cuda_uuid: String,
     /// The GPU's type (`h100`, `v100`): what the app's throughput table prices.
@@ -158,7 +159,7 @@ pub struct StandingView {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct BidEntryView {
-    pub gpus: Vec<String>,
+    pub gpus: Vec<GpuId>,
     pub rho: f64,
 }
 
@@ -177,10 +178,10 @@ pub struct AllocationView {
     /// `None` when the app belongs to another tenant.
     pub app_id: Option<AppKey>,
     pub pf_entry: Option<i32>,
-    pub pf_gpus: Vec<String>,
+    pub pf_gpus: Vec<GpuId>,
     pub c: Option<f64>,
-    pub kept_gpus: Vec<String>,
-    pub leftover_gpus: Vec<String>,
+    pub kept_gpus: Vec<GpuId>,
+    pub leftover_gpus: Vec<GpuId>,
 }
 
 /// One round in full. Other tenants' apps appear without ids or bid tables.
@@ -194,11 +195,11 @@ pub struct RoundDetail {
     pub fairness_knob: f64,
     pub seed: String,
     pub engine_version: String,
-    pub offered_gpus: Vec<String>,
+    pub offered_gpus: Vec<GpuId>,
     pub standings: Vec<StandingView>,
     pub bids: Vec<BidView>,
     pub allocations: Vec<AllocationView>,
-    pub unallocated: Vec<String>,
+    pub unallocated: Vec<GpuId>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -214,7 +215,7 @@ pub struct AppEventRow {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct GpuView {
-    pub id: String,
+    pub id: GpuId,
     pub machine: i32,
     pub rack: i32,
     pub host: String,
@@ -267,9 +268,30 @@ pub struct DepartedApp {
 pub struct StoredLease {
     pub id: LeaseKey,
     pub app_id: AppKey,
-    pub gpus: Vec<String>,
+    pub gpus: Vec<GpuId>,
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
+}
+
+/// A lease's row; its GPUs as the column holds them.
+struct LeaseRow {
+    id: LeaseKey,
+    app_id: AppKey,
+    gpus: Vec<String>,
+    start_at: DateTime<Utc>,
+    end_at: DateTime<Utc>,
+}
+
+impl LeaseRow {
+    fn stored(self) -> StoredLease {
+        StoredLease {
+            id: self.id,
+            app_id: self.app_id,
+            gpus: gpu_ids(self.gpus),
+            start_at: self.start_at,
+            end_at: self.end_at,
+        }
+    }
 }
 
 /// A round's replay inputs and stored outcome.
@@ -289,7 +311,7 @@ pub struct StoredRound {
     pub bidders: Vec<AppKey>,
     pub bids: Vec<StoredBid>,
     pub allocations: Vec<super::AllocationRow>,
-    pub unallocated: Vec<String>,
+    pub unallocated: Vec<GpuId>,
     /// Apps of the standings that left before the round was decided (bids withdrawn).
     pub departed: Vec<AppKey>,
 }
@@ -298,7 +320,7 @@ pub struct StoredRound {
 pub struct StoredBid {
     pub app_id: AppKey,
     pub rho_old: Option<f64>,
-    pub entries: Vec<(Vec<String>, f64)>,
+    pub entries: Vec<(Vec<GpuId>, f64)>,
 }
 
 impl Store {
@@ -378,7 +400,7 @@ impl Store {
                     .into_iter()
                     .map(|id| {
                         gpus.get(&id).cloned().unwrap_or(LeasedGpu {
-                            id,
+                            id: GpuId(id),
                             host: String::new(),
                             cuda_uuid: String::new(),
                             gpu_type: String::new(),
@@ -406,7 +428,7 @@ impl Store {
             .into_iter()
             .map(|row| {
                 let gpu = LeasedGpu {
-                    id: row.id.clone(),
+                    id: GpuId(row.id.clone()),
                     host: row.host,
                     cuda_uuid: row.cuda_uuid,
                     gpu_type: row.gpu_type,
@@ -596,11 +618,11 @@ impl Store {
         .map(|row| super::AllocationRow {
             app: row.app_id,
             pf_entry: row.pf_entry,
-            pf_gpus: row.pf_gpus,
+            pf_gpus: gpu_ids(row.pf_gpus),
             c: row.c,
             c_fallback: row.c_fallback,
-            kept_gpus: row.kept_gpus,
-            leftover_gpus: row.leftover_gpus,
+            kept_gpus: gpu_ids(row.kept_gpus),
+            leftover_gpus: gpu_ids(row.leftover_gpus),
         })
         .collect();
         Ok(Some(StoredRound {
@@ -618,7 +640,7 @@ impl Store {
             bidders,
             bids: self.bids_of_round(id).await?,
             allocations,
-            unallocated: round.unallocated.unwrap_or_default(),
+            unallocated: gpu_ids(round.unallocated.unwrap_or_default()),
             departed: round.departed,
         }))
     }
@@ -660,7 +682,7 @@ impl Store {
                 entries: Vec::new(),
             });
             if let (Some(gpus), Some(rho)) = (row.gpus, row.rho) {
-                bid.entries.push((gpus, rho));
+                bid.entries.push((gpu_ids(gpus), rho));
             }
         }
         Ok(bid)
@@ -687,7 +709,7 @@ impl Store {
             }
             // A bid with an empty table is a row of its own: it counts in the round.
             if let (Some(bid), Some(gpus), Some(rho)) = (bids.last_mut(), row.gpus, row.rho) {
-                bid.entries.push((gpus, rho));
+                bid.entries.push((gpu_ids(gpus), rho));
             }
         }
         Ok(bids)
@@ -762,7 +784,7 @@ impl Store {
                 // A free GPU has no holder to hide.
                 let visible = row.tenant_id.is_some_and(|owner| viewer.sees(owner));
                 GpuView {
-                    id: row.id,
+                    id: GpuId(row.id),
                     machine: row.machine_id,
                     rack: row.rack,
                     host: row.host,
@@ -809,8 +831,8 @@ impl Store {
     /// Leases of active apps that expired after the last round closed: their apps' claims to
     /// renew onto those GPUs in the next round.
     pub async fn claimed_leases(&self) -> Result<Vec<StoredLease>, StoreError> {
-        Ok(sqlx::query_as!(
-            StoredLease,
+        let rows = sqlx::query_as!(
+            LeaseRow,
             r#"SELECT l.id AS "id: _", l.app_id AS "app_id: _", l.gpus, l.start_at, l.end_at
                FROM leases l
                JOIN apps a ON a.id = l.app_id
@@ -820,25 +842,26 @@ impl Store {
                ORDER BY l.id"#
         )
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        Ok(rows.into_iter().map(LeaseRow::stored).collect())
     }
 
     pub async fn active_leases(&self) -> Result<Vec<StoredLease>, StoreError> {
-        Ok(sqlx::query_as!(
-            StoredLease,
+        let rows = sqlx::query_as!(
+            LeaseRow,
             r#"SELECT id AS "id: _", app_id AS "app_id: _", gpus, start_at, end_at FROM leases
                WHERE state = 'active' ORDER BY id"#
         )
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        Ok(rows.into_iter().map(LeaseRow::stored).collect())
     }
 
-    pub async fn unhealthy_gpus(&self) -> Result<Vec<String>, StoreError> {
-        Ok(
-            sqlx::query_scalar!("SELECT id FROM gpus WHERE NOT healthy ORDER BY id")
-                .fetch_all(&self.pool)
-                .await?,
-        )
+    pub async fn unhealthy_gpus(&self) -> Result<Vec<GpuId>, StoreError> {
+        let ids = sqlx::query_scalar!("SELECT id FROM gpus WHERE NOT healthy ORDER BY id")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(gpu_ids(ids))
     }
 
     /// The URL of the arbiter that leads now (or led last), as it advertised itself.
@@ -878,12 +901,12 @@ impl Store {
     }
 }
 
-fn offered_gpu_ids(offer: &Value) -> Vec<String> {
+fn offered_gpu_ids(offer: &Value) -> Vec<GpuId> {
     offer["gpus"]
         .as_array()
         .map(|gpus| {
             gpus.iter()
-                .filter_map(|gpu| gpu["id"].as_str().map(str::to_owned))
+                .filter_map(|gpu| gpu["id"].as_str().map(GpuId::from))
                 .collect()
         })
         .unwrap_or_default()

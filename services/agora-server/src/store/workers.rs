@@ -2,6 +2,7 @@
 //! return (inside the decision's [`super::Commit`]), and what it reloads after a restart.
 
 use agora_market::time::Timestamp;
+use agora_market::topology::GpuId;
 use agora_protocol::{GpuLink, GpuMetrics, LeaseExit, Violation};
 use sqlx::{Postgres, Transaction};
 
@@ -68,7 +69,7 @@ pub struct HostStatusChange {
 
 #[derive(Debug, Clone)]
 pub struct GpuHealthChange {
-    pub gpu: String,
+    pub gpu: GpuId,
     pub healthy: bool,
     pub reason: Option<String>,
 }
@@ -87,7 +88,7 @@ pub struct StoredHost {
 /// A host's GPU as stored, with its place in the cluster.
 #[derive(Debug, Clone)]
 pub struct StoredWorkerGpu {
-    pub gpu_id: String,
+    pub gpu_id: GpuId,
     pub gpu_type: String,
     pub machine_id: i32,
     pub rack: i32,
@@ -149,7 +150,7 @@ pub(super) async fn write_worker_changes(
     for change in &changes.gpu_health {
         sqlx::query!(
             "UPDATE worker_gpus SET healthy = $2, health_reason = $3 WHERE gpu_id = $1",
-            change.gpu,
+            change.gpu.0,
             change.healthy,
             change.reason
         )
@@ -157,7 +158,7 @@ pub(super) async fn write_worker_changes(
         .await?;
         sqlx::query!(
             "INSERT INTO gpu_health_events (gpu_id, at, healthy, reason) VALUES ($1, $2, $3, $4)",
-            change.gpu,
+            change.gpu.0,
             to_datetime(now),
             change.healthy,
             change.reason

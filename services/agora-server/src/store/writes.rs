@@ -4,6 +4,7 @@
 use agora_market::auction::AppBid;
 use agora_market::lease::LeaseState;
 use agora_market::time::Timestamp;
+use agora_market::topology::GpuId;
 use agora_market::topology::{Cluster, GpuLocation};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -12,7 +13,7 @@ use sqlx::{Postgres, Transaction};
 use utoipa::ToSchema;
 
 use super::bid_rows::{insert_bids, BidSource, NewBid};
-use super::{Store, StoreError};
+use super::{gpu_texts, Store, StoreError};
 use crate::clock::to_datetime;
 use crate::ids::{AppKey, LeaseKey, RoundId, TenantId};
 
@@ -21,7 +22,7 @@ use crate::ids::{AppKey, LeaseKey, RoundId, TenantId};
 pub struct LeaseRecord {
     pub id: LeaseKey,
     pub app: AppKey,
-    pub gpus: Vec<String>,
+    pub gpus: Vec<GpuId>,
     pub start: Timestamp,
     pub end: Timestamp,
     pub state: LeaseState,
@@ -62,7 +63,7 @@ pub struct ClosedRound {
     pub claims: Value,
     pub agent_bids: Vec<(AppKey, AppBid)>,
     pub allocations: Vec<AllocationRow>,
-    pub unallocated: Vec<String>,
+    pub unallocated: Vec<GpuId>,
     /// Apps of the standings that left before the round was decided (bids withdrawn).
     pub departed: Vec<AppKey>,
     /// The CPUs and memory of every active lease after the round (on modelled machines).
@@ -81,12 +82,12 @@ pub struct LeaseResources {
 pub struct AllocationRow {
     pub app: AppKey,
     pub pf_entry: Option<i32>,
-    pub pf_gpus: Vec<String>,
+    pub pf_gpus: Vec<GpuId>,
     pub c: Option<f64>,
     /// c is against the LP counterfactual: the payment's programs did not fit the budget.
     pub c_fallback: bool,
-    pub kept_gpus: Vec<String>,
-    pub leftover_gpus: Vec<String>,
+    pub kept_gpus: Vec<GpuId>,
+    pub leftover_gpus: Vec<GpuId>,
 }
 
 /// Something an app is told (an offer, a round's result, a lease change).
@@ -135,7 +136,7 @@ pub struct OfferEvent {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct OfferedGpu {
-    pub id: String,
+    pub id: GpuId,
     pub location: GpuLocation,
 }
 
@@ -147,8 +148,8 @@ pub struct RoundResultEvent {
     pub pf_entry: Option<i32>,
     /// Its hidden-payment share c; `null` if it did not bid.
     pub c: Option<f64>,
-    pub kept_gpus: Vec<String>,
-    pub leftover_gpus: Vec<String>,
+    pub kept_gpus: Vec<GpuId>,
+    pub leftover_gpus: Vec<GpuId>,
 }
 
 /// `lease_granted`: a lease on `gpus` from `start` to `end`.
@@ -156,7 +157,7 @@ pub struct RoundResultEvent {
 pub struct LeaseGrantedEvent {
     pub lease: LeaseKey,
     pub round: RoundId,
-    pub gpus: Vec<String>,
+    pub gpus: Vec<GpuId>,
     pub start: DateTime<Utc>,
     pub end: DateTime<Utc>,
 }
@@ -166,7 +167,7 @@ pub struct LeaseGrantedEvent {
 pub struct LeaseEndedEvent {
     pub lease: LeaseKey,
     pub state: String,
-    pub gpus: Vec<String>,
+    pub gpus: Vec<GpuId>,
     /// Why it was revoked; `null` for a lease that expired or was released.
     pub reason: Option<String>,
 }
@@ -175,7 +176,7 @@ pub struct LeaseEndedEvent {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct RevocationNoticeEvent {
     pub lease: LeaseKey,
-    pub gpu: String,
+    pub gpu: GpuId,
     pub revoke_at: DateTime<Utc>,
     pub reason: String,
 }
@@ -215,7 +216,7 @@ pub struct SpeedChangeSample {
 pub struct OperatorAction {
     /// `drain` or `restore`.
     pub action: &'static str,
-    pub gpu: String,
+    pub gpu: GpuId,
     /// The lease a drain gave notice to.
     pub lease: Option<LeaseKey>,
 }
@@ -240,7 +241,7 @@ pub struct Commit {
     /// Apps that joined the market, with the arrival it counts them from (their registration
     /// was stored a moment before, with the time it was asked for).
     pub arrivals: Vec<(AppKey, Timestamp)>,
-    pub gpu_health: Vec<(String, bool)>,
+    pub gpu_health: Vec<(GpuId, bool)>,
     /// Drains and restores by an operator, audited in `operator_actions`.
     pub operator_actions: Vec<OperatorAction>,
     pub events: Vec<AppEvent>,
@@ -436,7 +437,7 @@ pub(super) async fn write_commit(
         .await?;
     }
     for (gpu, healthy) in &commit.gpu_health {
-        sqlx::query!("UPDATE gpus SET healthy = $2 WHERE id = $1", gpu, healthy)
+        sqlx::query!("UPDATE gpus SET healthy = $2 WHERE id = $1", gpu.0, healthy)
             .execute(&mut **tx)
             .await?;
     }
@@ -445,7 +446,7 @@ pub(super) async fn write_commit(
             "INSERT INTO operator_actions (at, action, gpu_id, lease_id) VALUES ($1, $2, $3, $4)",
             to_datetime(now),
             action.action,
-            action.gpu,
+            action.gpu.0,
             action.lease.map(|lease| lease.0)
         )
         .execute(&mut **tx)
@@ -560,7 +561,7 @@ async fn write_closed_round(
         round.id.0,
         to_datetime(round.closed_at),
         round.holds,
-        &round.unallocated,
+        &gpu_texts(&round.unallocated),
         round.claims,
         &round.departed.iter().map(|app| app.0).collect::<Vec<_>>()
     )
@@ -593,11 +594,11 @@ async fn write_closed_round(
             round.id.0,
             row.app.0,
             row.pf_entry,
-            &row.pf_gpus,
+            &gpu_texts(&row.pf_gpus),
             row.c,
             row.c_fallback,
-            &row.kept_gpus,
-            &row.leftover_gpus
+            &gpu_texts(&row.kept_gpus),
+            &gpu_texts(&row.leftover_gpus)
         )
         .execute(&mut **tx)
         .await?;
@@ -611,13 +612,14 @@ async fn write_lease_grant(
     lease: &LeaseRecord,
 ) -> Result<(), sqlx::Error> {
     let (start, end) = (to_datetime(lease.start), to_datetime(lease.end));
+    let gpus = gpu_texts(&lease.gpus);
     sqlx::query!(
         "INSERT INTO leases (id, app_id, round_id, gpus, start_at, end_at, state)
          VALUES ($1, $2, $3, $4, $5, $6, 'active')",
         lease.id.0,
         lease.app.0,
         round.0,
-        &lease.gpus,
+        &gpus,
         start,
         end
     )
@@ -627,7 +629,7 @@ async fn write_lease_grant(
         "INSERT INTO lease_gpus (lease_id, gpu_id, held)
          SELECT $1, gpu, tstzrange($3, $4) FROM unnest($2::text[]) AS gpu",
         lease.id.0,
-        &lease.gpus,
+        &gpus,
         start,
         end
     )
