@@ -14,6 +14,7 @@ pub mod auction;
 pub mod baselines;
 pub mod bids;
 pub mod cluster_file;
+pub mod division;
 pub mod error;
 pub mod fairness;
 pub mod gpu_models;

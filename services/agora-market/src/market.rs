@@ -20,6 +20,7 @@ use crate::app::{App, AppId};
 use crate::auction::{run_auction, AppBid, AuctionOutcome, Offer, OfferedGpu};
 use crate::baselines::{self, Contender, RoundView};
 use crate::bids::{generate_bid, BidConfig, PreparedOffer};
+use crate::division::{DivisionRecord, Holder, RecordedLease, RecordedMachine};
 use crate::fairness::{
     cluster_time, independent_finish_time, rho, ContentionTracker, FairnessContext, Lifetime,
 };
@@ -27,9 +28,7 @@ use crate::hosts::{Host, HostDirectory, HostSpec};
 use crate::lease::{Lease, LeaseBook, LeaseId};
 use crate::leftover::{LeftoverPolicy, Recipient};
 use crate::policy::Policy;
-use crate::resources::{
-    proportional_share, MachineResources, MachineTenants, ResourceAllocation, ResourceSplit,
-};
+use crate::resources::{MachineResources, MachineTenants, ResourceAllocation, ResourceSplit};
 use crate::rho::RhoOld;
 use crate::round::{
     decide_round, decide_with, merge, offered_subset, Grants, RoundDecision, RoundInputs,
@@ -408,33 +407,81 @@ impl Market {
     }
 
     /// The CPUs and memory that come with `lease` on each machine it holds GPUs on: its app's
-    /// share there divided among the app's leases by GPUs, or, where no round divided the
-    /// machine since its app holds GPUs there (a host that started reporting its resources
-    /// since), the GPUs' fraction of the machine. Unmodelled machines give `None`s.
+    /// share there divided among the app's leases by GPUs ([`ResourceSplit::parts_for`]).
+    /// Unmodelled machines give `None`s.
     pub fn lease_resources(&self, lease: &Lease) -> BTreeMap<u32, MachineResources> {
+        let gpus_per_machine = self.cluster.gpus_per_machine();
+        self.resource_split
+            .parts_for(&lease.app, &self.gpus_on_machines(lease), |machine| {
+                (
+                    self.cluster.machine_resources(machine),
+                    gpus_per_machine[&machine],
+                )
+            })
+    }
+
+    /// How many of `lease`'s GPUs each machine has.
+    fn gpus_on_machines(&self, lease: &Lease) -> BTreeMap<u32, u32> {
         let mut gpus_on: BTreeMap<u32, u32> = BTreeMap::new();
         for &gpu in &lease.gpus {
             *gpus_on
                 .entry(self.cluster.location(gpu).machine)
                 .or_insert(0) += 1;
         }
-        let gpus_per_machine = self.cluster.gpus_per_machine();
         gpus_on
-            .into_iter()
-            .map(|(machine, gpus)| {
-                let part = self
-                    .resource_split
-                    .part_for_gpus(&lease.app, machine, gpus)
-                    .unwrap_or_else(|| {
-                        proportional_share(
-                            &self.cluster.machine_resources(machine),
-                            gpus_per_machine[&machine],
-                            gpus,
-                        )
-                    });
-                (machine, part)
+    }
+
+    /// The division of the machines as it stands and every active lease's GPUs per machine:
+    /// what `agora audit replay` divides again ([`DivisionRecord::lease_resources`]). `None` on
+    /// a cluster that models neither resource.
+    pub fn division_record(&self) -> Option<DivisionRecord> {
+        if !self.cluster.models_resources() {
+            return None;
+        }
+        let gpus_per_machine = self.cluster.gpus_per_machine();
+        let leases: Vec<RecordedLease> = self
+            .leases
+            .active()
+            .map(|lease| RecordedLease {
+                lease: lease.id,
+                app: lease.app.clone(),
+                gpus_on: self.gpus_on_machines(lease),
             })
-            .collect()
+            .collect();
+        let mut machines: BTreeMap<u32, RecordedMachine> = self
+            .resource_split
+            .divided()
+            .map(|(number, resources, holders)| {
+                let machine = RecordedMachine {
+                    machine: number,
+                    resources: *resources,
+                    gpus: gpus_per_machine[&number],
+                    holders: holders
+                        .iter()
+                        .map(|(app, gpus, sensitivity)| Holder {
+                            app: app.clone(),
+                            gpus: *gpus,
+                            sensitivity: sensitivity.clone(),
+                        })
+                        .collect(),
+                };
+                (number, machine)
+            })
+            .collect();
+        // Machines a lease holds GPUs on that no division covers: their shares by GPUs.
+        for number in leases.iter().flat_map(|lease| lease.gpus_on.keys()) {
+            machines.entry(*number).or_insert_with(|| RecordedMachine {
+                machine: *number,
+                resources: self.cluster.machine_resources(*number),
+                gpus: gpus_per_machine[number],
+                holders: Vec::new(),
+            });
+        }
+        Some(DivisionRecord {
+            allocation: self.config.resource_allocation,
+            machines: machines.into_values().collect(),
+            leases,
+        })
     }
 
     /// Divides every machine's CPUs and memory among the apps holding its GPUs now (by the

@@ -334,6 +334,15 @@ pub fn proportional_share(
     }
 }
 
+/// Parts on several machines summed; a resource some machine does not model is `None`.
+pub fn total(parts: &BTreeMap<u32, MachineResources>) -> MachineResources {
+    let sum = |amount: fn(&MachineResources) -> Option<f64>| parts.values().map(amount).sum();
+    MachineResources {
+        cpus: sum(|part| part.cpus),
+        memory_gib: sum(|part| part.memory_gib),
+    }
+}
+
 /// An app holding `gpus` GPUs of a machine, with its profile.
 #[derive(Debug, Clone, Copy)]
 pub struct Tenant<'a> {
@@ -677,6 +686,38 @@ impl<K: Ord + Clone> ResourceSplit<K> {
             .iter()
             .position(|(tenant, ..)| tenant == key)?;
         Some(split.shares[position])
+    }
+
+    /// The CPUs and memory that go with `key`'s GPUs on each machine (`gpus_on`: how many on
+    /// which): its share there divided by GPUs ([`Self::part_for_gpus`]) or, where no division
+    /// gave it a share (a host that started reporting its resources since), the GPUs' fraction
+    /// of the machine. `machine` gives a machine's resources and GPUs.
+    pub fn parts_for(
+        &self,
+        key: &K,
+        gpus_on: &BTreeMap<u32, u32>,
+        machine: impl Fn(u32) -> (MachineResources, u32),
+    ) -> BTreeMap<u32, MachineResources> {
+        gpus_on
+            .iter()
+            .map(|(&number, &gpus)| {
+                let part = self.part_for_gpus(key, number, gpus).unwrap_or_else(|| {
+                    let (resources, machine_gpus) = machine(number);
+                    proportional_share(&resources, machine_gpus, gpus)
+                });
+                (number, part)
+            })
+            .collect()
+    }
+
+    /// Each divided machine: its resources and who held how many GPUs, with their profiles,
+    /// in the order they were divided in.
+    pub fn divided(
+        &self,
+    ) -> impl Iterator<Item = (u32, &MachineResources, &[(K, u32, Sensitivity)])> {
+        self.machines
+            .iter()
+            .map(|(&number, split)| (number, &split.resources, split.tenants.as_slice()))
     }
 
     /// The part of `key`'s share on `machine` that goes with `gpus` of the GPUs it held there

@@ -1,9 +1,12 @@
 //! `agora audit replay`: recompute a stored round with the engine from its stored inputs (offer,
-//! standings, holdings, every bid row, seed) and compare with the stored outcome, row by row.
+//! standings, holdings, every bid row, seed) and compare with the stored outcome, row by row;
+//! and divide the machines' CPUs and memory again from the round's record of them and compare
+//! with what each lease had after the round.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use agora_market::auction::Offer;
+use agora_market::division::DivisionRecord;
 use agora_market::leftover::LeftoverPolicy;
 use agora_market::market::Standing;
 use agora_market::round::{decide_round, RoundInputs};
@@ -13,7 +16,7 @@ use serde::Serialize;
 
 use crate::actors::records::allocation_rows_of;
 use crate::clock::from_datetime;
-use crate::ids::{AppKey, RoundId};
+use crate::ids::{AppKey, LeaseKey, RoundId};
 use crate::server::app_bid;
 use crate::store::{AllocationRow, Store, StoredRound};
 
@@ -63,6 +66,12 @@ pub async fn replay_round(store: &Store, round: RoundId) -> anyhow::Result<Repla
             stored.unallocated
         ));
     }
+    if let Some(division) = &stored.resource_division {
+        let record: DivisionRecord = serde_json::from_value(division.clone())
+            .context("stored division of CPUs and memory")?;
+        let had = store.lease_resources_after(round).await?;
+        compare_lease_resources(&record, &had, &mut differences);
+    }
     Ok(Replay {
         round,
         matches: differences.is_empty(),
@@ -96,6 +105,30 @@ fn inputs_of(stored: &StoredRound) -> anyhow::Result<RoundInputs> {
         leftover_policy,
         departed: stored.departed.iter().map(|&app| app.into()).collect(),
     })
+}
+
+/// Each lease's CPUs and memory divided again from `record`, against what it `had` after the
+/// round.
+fn compare_lease_resources(
+    record: &DivisionRecord,
+    had: &HashMap<LeaseKey, (Option<f64>, Option<f64>)>,
+    differences: &mut Vec<String>,
+) {
+    for (lease, amounts) in record.lease_resources() {
+        let lease = LeaseKey::from(lease);
+        let replayed = (amounts.cpus, amounts.memory_gib);
+        match had.get(&lease) {
+            Some(&stored) if stored == replayed => {}
+            Some(&(cpus, memory_gib)) => differences.push(format!(
+                "lease {lease}: replay {:?} CPUs and {:?} GiB, stored {cpus:?} and {memory_gib:?}",
+                replayed.0, replayed.1
+            )),
+            None => differences.push(format!(
+                "lease {lease}: replay {:?} CPUs and {:?} GiB, stored none",
+                replayed.0, replayed.1
+            )),
+        }
+    }
 }
 
 fn compare_rows(

@@ -104,16 +104,7 @@ fn sqlstate(error: &sqlx::Error) -> Option<String> {
 #[actix_web::test]
 async fn the_documented_queries_run_as_the_auditor_and_the_role_is_read_only() {
     let database = fresh_database().await;
-    let mut settings = config(&database);
-    // Hosts with CPUs and memory, so that leases have a `lease_resources` history to query.
-    settings.fleet =
-        std::env::temp_dir().join(format!("agora-fleet-resources-{}.toml", std::process::id()));
-    std::fs::write(
-        &settings.fleet,
-        "[[racks]]\n[[racks.machines]]\ncount = 2\nslots = 1\ngpus_per_slot = 2\ngpu_type = \"A100\"\ncpus = 16\nmemory_gib = 64\n",
-    )
-    .expect("write fleet");
-    let service = serve(&settings, start_clock()).await;
+    let service = serve(&with_resources(config(&database), "queries"), start_clock()).await;
     history(&service).await;
     let mut connection = PgConnection::connect(&database).await.expect("connect");
 
@@ -143,6 +134,72 @@ async fn the_documented_queries_run_as_the_auditor_and_the_role_is_read_only() {
         ],
     )
     .await;
+    service.running.stop().await;
+}
+
+/// Two machines of 2 GPUs with CPUs and memory, so that leases have a `lease_resources`
+/// history; `name` keeps each test's fleet file its own.
+fn with_resources(
+    mut settings: agora_server::config::ServerConfig,
+    name: &str,
+) -> agora_server::config::ServerConfig {
+    settings.fleet = std::env::temp_dir().join(format!(
+        "agora-fleet-resources-{name}-{}.toml",
+        std::process::id()
+    ));
+    std::fs::write(
+        &settings.fleet,
+        "[[racks]]\n[[racks.machines]]\ncount = 2\nslots = 1\ngpus_per_slot = 2\ngpu_type = \"A100\"\ncpus = 16\nmemory_gib = 64\n",
+    )
+    .expect("write fleet");
+    settings
+}
+
+/// Every round of a history on machines with CPUs and memory replays its division of them:
+/// each lease's CPUs and memory after the round, divided again from the round's record. A
+/// changed `lease_resources` row is found, naming the lease.
+#[actix_web::test]
+async fn rounds_replay_their_division_of_cpus_and_memory_and_a_changed_row_is_found() {
+    let database = fresh_database().await;
+    let service = serve(&with_resources(config(&database), "replay"), start_clock()).await;
+    history(&service).await;
+    let store = &service.running.store;
+    let rounds = store.closed_round_ids().await.expect("rounds");
+    assert!(rounds.len() >= 2, "{rounds:?}");
+    for &round in &rounds {
+        let stored = store
+            .stored_round(round)
+            .await
+            .expect("read")
+            .expect("stored");
+        assert!(
+            stored.resource_division.is_some(),
+            "round {round} recorded its division"
+        );
+        let replay = replay_round(store, round).await.expect("replay");
+        assert!(replay.matches, "round {round}: {:?}", replay.differences);
+    }
+    let (lease, round): (i64, i64) = sqlx::query_as(
+        "UPDATE lease_resources SET cpus = cpus + 1
+         WHERE (lease_id, round_id) = (SELECT lease_id, round_id FROM lease_resources
+                                       ORDER BY round_id DESC, lease_id LIMIT 1)
+         RETURNING lease_id, round_id",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("a lease with CPUs");
+    let replay = replay_round(store, agora_server::ids::RoundId(round))
+        .await
+        .expect("replay");
+    assert!(!replay.matches);
+    assert!(
+        replay
+            .differences
+            .iter()
+            .any(|difference| difference.starts_with(&format!("lease {lease}: "))),
+        "{:?}",
+        replay.differences
+    );
     service.running.stop().await;
 }
 

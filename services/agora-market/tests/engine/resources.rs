@@ -4,9 +4,10 @@
 use std::path::Path;
 
 use agora_market::cluster_file::parse_cluster;
+use agora_market::division::DivisionRecord;
 use agora_market::market::{Market, MarketConfig, MarketError};
 use agora_market::resources::{
-    split_machine, MachineResources, ResourceAllocation, Sensitivity, Share, Tenant,
+    split_machine, total, MachineResources, ResourceAllocation, Sensitivity, Share, Tenant,
 };
 use agora_market::time::Timestamp;
 use proptest::prelude::*;
@@ -127,6 +128,52 @@ fn rho_uses_the_speed_the_split_gives() {
         assert!(close(rho_of("hungry"), hungry_rho), "{allocation:?}");
         assert!(close(rho_of("light"), 0.5), "{allocation:?}");
     }
+}
+
+/// The hand-checked machine above in a market: after a round, the division's record gives
+/// each lease what the market gives it (10 CPUs to the hungry app's, 2 to the light one's, by
+/// sensitivity), divided again from the record alone, through JSON as the round stores it;
+/// and a record whose profile was changed divides to something else.
+#[test]
+fn a_division_record_divides_again_to_what_each_lease_got() {
+    let cluster = parse_cluster(
+        "racks = [{ machines = [{ slots = 1, gpus_per_slot = 4, gpu_type = \"v100\", cpus = 12 }] }]",
+        Path::new("test.toml"),
+    )
+    .expect("valid cluster");
+    let mut market = Market::new(cluster, MarketConfig::default(), Timestamp(0)).expect("market");
+    let mut hungry = single_job_app("hungry", 2, 1000, 1.0);
+    *hungry.sensitivity_mut() = cpu_hungry();
+    let mut light = single_job_app("light", 2, 1000, 1.0);
+    *light.sensitivity_mut() = cpu_light();
+    market.add_app(hungry, Timestamp(0)).expect("admitted");
+    market.add_app(light, Timestamp(0)).expect("admitted");
+    market
+        .run_round(Timestamp(0), 1)
+        .expect("a round")
+        .expect("decided");
+    let record = market.division_record().expect("the machine models CPUs");
+    let stored: DivisionRecord =
+        serde_json::from_value(serde_json::to_value(&record).expect("json")).expect("parses");
+    assert_eq!(stored, record);
+    let replayed = stored.lease_resources();
+    assert_eq!(replayed.len(), 2, "{replayed:?}");
+    for lease in market.leases().active() {
+        let live = total(&market.lease_resources(lease));
+        let (_, again) = replayed
+            .iter()
+            .find(|(id, _)| *id == lease.id)
+            .expect("every lease replayed");
+        assert_eq!(*again, live);
+        let expected = if lease.app.0 == "hungry" { 10.0 } else { 2.0 };
+        assert!(close(live.cpus.expect("modelled"), expected), "{live:?}");
+        assert_eq!(live.memory_gib, None);
+    }
+    let mut tampered = record.clone();
+    for holder in &mut tampered.machines[0].holders {
+        holder.sensitivity = Sensitivity::default();
+    }
+    assert_ne!(tampered.lease_resources(), replayed);
 }
 
 #[test]

@@ -8,7 +8,7 @@ use agora_market::auction::{AppBid, AuctionOutcome};
 use agora_market::lease::Lease;
 use agora_market::live::{HostDown, Record};
 use agora_market::market::{Market, RoundOffer, RoundOutcome, Withdrawal};
-use agora_market::resources::MachineResources;
+use agora_market::resources::total;
 use agora_market::time::Timestamp;
 use agora_market::topology::GpuId;
 use serde_json::Value;
@@ -173,6 +173,7 @@ pub fn closed_round(
                 .active()
                 .filter_map(|lease| lease_resources(market, lease))
                 .collect(),
+            resource_division: market.division_record().as_ref().map(to_json).transpose()?,
         }),
         granted,
         events,
@@ -183,16 +184,12 @@ pub fn closed_round(
 /// The CPUs and memory of `lease` over its machines (a resource some machine of the lease does
 /// not model: `None`); `None` when none of its machines models either.
 pub fn lease_resources(market: &Market, lease: &Lease) -> Option<LeaseResources> {
-    let parts = market.lease_resources(lease);
-    let total = |amount: fn(&MachineResources) -> Option<f64>| -> Option<f64> {
-        parts.values().map(amount).sum()
-    };
-    let resources = LeaseResources {
+    let amounts = total(&market.lease_resources(lease));
+    (!amounts.is_unmodelled()).then_some(LeaseResources {
         lease: lease.id.into(),
-        cpus: total(|part| part.cpus),
-        memory_gib: total(|part| part.memory_gib),
-    };
-    (resources.cpus.is_some() || resources.memory_gib.is_some()).then_some(resources)
+        cpus: amounts.cpus,
+        memory_gib: amounts.memory_gib,
+    })
 }
 
 /// One row per app that bid or received GPUs: its PF choice and payment, what it kept and its

@@ -314,6 +314,8 @@ pub struct StoredRound {
     pub unallocated: Vec<GpuId>,
     /// Apps of the standings that left before the round was decided (bids withdrawn).
     pub departed: Vec<AppKey>,
+    /// What the machines' CPUs and memory were divided from after it, if recorded.
+    pub resource_division: Option<Value>,
 }
 
 #[derive(Debug, Clone)]
@@ -590,7 +592,7 @@ impl Store {
         let Some(round) = sqlx::query!(
             r#"SELECT status, opened_at, deadline, seed::text AS "seed!", engine_version,
                       leftover_policy, offer, standings, holds, claims, unallocated,
-                      departed AS "departed: Vec<AppKey>"
+                      departed AS "departed: Vec<AppKey>", resource_division
                FROM rounds WHERE id = $1"#,
             id.0
         )
@@ -642,7 +644,28 @@ impl Store {
             allocations,
             unallocated: gpu_ids(round.unallocated.unwrap_or_default()),
             departed: round.departed,
+            resource_division: round.resource_division,
         }))
+    }
+
+    /// The CPUs and memory each lease had after round `round`: its latest `lease_resources`
+    /// row up to that round.
+    pub async fn lease_resources_after(
+        &self,
+        round: RoundId,
+    ) -> Result<HashMap<LeaseKey, (Option<f64>, Option<f64>)>, StoreError> {
+        let rows = sqlx::query!(
+            r#"SELECT DISTINCT ON (lease_id) lease_id AS "lease_id: LeaseKey", cpus, memory_gib
+               FROM lease_resources WHERE round_id <= $1
+               ORDER BY lease_id, round_id DESC"#,
+            round.0
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| (row.lease_id, (row.cpus, row.memory_gib)))
+            .collect())
     }
 
     /// Cancels every statement of an auditor (a member of `agora_auditor`, not a superuser)

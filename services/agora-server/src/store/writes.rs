@@ -68,6 +68,9 @@ pub struct ClosedRound {
     pub departed: Vec<AppKey>,
     /// The CPUs and memory of every active lease after the round (on modelled machines).
     pub lease_resources: Vec<LeaseResources>,
+    /// What they were divided from (`agora_market::division::DivisionRecord`); `None` on a
+    /// cluster that models neither resource.
+    pub resource_division: Option<Value>,
 }
 
 /// The CPUs and memory a lease has (over all its machines; `None`: not modelled on one of them).
@@ -556,14 +559,15 @@ async fn write_closed_round(
 ) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "UPDATE rounds SET status = 'closed', closed_at = $2, holds = $3, unallocated = $4,
-                           claims = $5, departed = $6
+                           claims = $5, departed = $6, resource_division = $7
          WHERE id = $1",
         round.id.0,
         to_datetime(round.closed_at),
         round.holds,
         &gpu_texts(&round.unallocated),
         round.claims,
-        &round.departed.iter().map(|app| app.0).collect::<Vec<_>>()
+        &round.departed.iter().map(|app| app.0).collect::<Vec<_>>(),
+        round.resource_division
     )
     .execute(&mut **tx)
     .await?;
