@@ -86,6 +86,28 @@ fn two_apps_share_one_machines_cpus_hand_checked() {
     }
 }
 
+/// The hungry and the light app of 2 GPUs each, 1000 iterations of 1 s, on one machine of 4
+/// GPUs and 12 CPUs, after the first round (each holds 2 GPUs).
+fn hungry_and_light_after_a_round(config: MarketConfig) -> Market {
+    let cluster = parse_cluster(
+        "racks = [{ machines = [{ slots = 1, gpus_per_slot = 4, gpu_type = \"v100\", cpus = 12 }] }]",
+        Path::new("test.toml"),
+    )
+    .expect("valid cluster");
+    let mut market = Market::new(cluster, config, Timestamp(0)).expect("market");
+    let mut hungry = single_job_app("hungry", 2, 1000, 1.0);
+    *hungry.sensitivity_mut() = cpu_hungry();
+    let mut light = single_job_app("light", 2, 1000, 1.0);
+    *light.sensitivity_mut() = cpu_light();
+    market.add_app(hungry, Timestamp(0)).expect("admitted");
+    market.add_app(light, Timestamp(0)).expect("admitted");
+    market
+        .run_round(Timestamp(0), 1)
+        .expect("a round")
+        .expect("decided");
+    market
+}
+
 /// The same two apps in a market on that machine, 1000 iterations of 1 s each, up to 2 GPUs,
 /// no restart pause. Each holds 2 GPUs after the first round. T_cluster (arrival, at the
 /// guaranteed GPU-proportional speed 1): 1000 / 2 = 500 s; N_avg = 2, T_id = 1000 s. The light
@@ -93,31 +115,15 @@ fn two_apps_share_one_machines_cpus_hand_checked() {
 /// 300 s, rho 0.3 by sensitivity; 0.5 with GPU-proportional CPUs.
 #[test]
 fn rho_uses_the_speed_the_split_gives() {
-    let cluster = parse_cluster(
-        "racks = [{ machines = [{ slots = 1, gpus_per_slot = 4, gpu_type = \"v100\", cpus = 12 }] }]",
-        Path::new("test.toml"),
-    )
-    .expect("valid cluster");
     for (allocation, hungry_rho) in [
         (ResourceAllocation::SensitivityAware, 0.3),
         (ResourceAllocation::GpuProportional, 0.5),
     ] {
-        let config = MarketConfig {
+        let market = hungry_and_light_after_a_round(MarketConfig {
             restart_pause: std::time::Duration::ZERO,
             resource_allocation: allocation,
             ..MarketConfig::default()
-        };
-        let mut market = Market::new(cluster.clone(), config, Timestamp(0)).expect("market");
-        let mut hungry = single_job_app("hungry", 2, 1000, 1.0);
-        *hungry.sensitivity_mut() = cpu_hungry();
-        let mut light = single_job_app("light", 2, 1000, 1.0);
-        *light.sensitivity_mut() = cpu_light();
-        market.add_app(hungry, Timestamp(0)).expect("admitted");
-        market.add_app(light, Timestamp(0)).expect("admitted");
-        market
-            .run_round(Timestamp(0), 1)
-            .expect("a round")
-            .expect("decided");
+        });
         let rho_of = |id: &str| {
             market
                 .current_rho(&id.into(), Timestamp(0))
@@ -136,22 +142,7 @@ fn rho_uses_the_speed_the_split_gives() {
 /// and a record whose profile was changed divides to something else.
 #[test]
 fn a_division_record_divides_again_to_what_each_lease_got() {
-    let cluster = parse_cluster(
-        "racks = [{ machines = [{ slots = 1, gpus_per_slot = 4, gpu_type = \"v100\", cpus = 12 }] }]",
-        Path::new("test.toml"),
-    )
-    .expect("valid cluster");
-    let mut market = Market::new(cluster, MarketConfig::default(), Timestamp(0)).expect("market");
-    let mut hungry = single_job_app("hungry", 2, 1000, 1.0);
-    *hungry.sensitivity_mut() = cpu_hungry();
-    let mut light = single_job_app("light", 2, 1000, 1.0);
-    *light.sensitivity_mut() = cpu_light();
-    market.add_app(hungry, Timestamp(0)).expect("admitted");
-    market.add_app(light, Timestamp(0)).expect("admitted");
-    market
-        .run_round(Timestamp(0), 1)
-        .expect("a round")
-        .expect("decided");
+    let market = hungry_and_light_after_a_round(MarketConfig::default());
     let record = market.division_record().expect("the machine models CPUs");
     let stored: DivisionRecord =
         serde_json::from_value(serde_json::to_value(&record).expect("json")).expect("parses");
