@@ -19,7 +19,7 @@ use agora_market::topology::{Cluster, ClusterSpec, MachineSpec, RackSpec, SlotSp
 use crate::charts::{self, LineChart, Series};
 use crate::clusters::{self, shipped};
 use crate::generate::{self, GeneratorConfig};
-use crate::metrics::{RunSummary, SimulationReport};
+use crate::metrics::{AppReport, RunSummary, SimulationReport};
 use crate::models::NETWORK_INTENSIVE_SLOWDOWN;
 use crate::simulator::{
     simulate, Misreport, SimulationConfig, SimulationError, SpeedChangeReporting,
@@ -717,6 +717,7 @@ fn heterogeneous_seeds(
     let mut csv = String::from(
         "workload,seed,cluster,contention,policy,unfinished_apps,max_rho,jains_index,mean_jct_hours\n",
     );
+    let mut losses = String::from(LOSS_COLUMNS);
     let mut series: Vec<Series> = Vec::new();
     let (mut lowest_count, mut total) = (0, 0);
     let mut summary = String::new();
@@ -750,10 +751,17 @@ fn heterogeneous_seeds(
                 lowest_count += usize::from(rank == 1);
                 ratios.push((c, themis / best_other));
                 if rank > 1 {
+                    let loss = Loss::of(at);
                     let _ = writeln!(
                         summary,
-                        "  {workload_name} seed {seed} {cluster_name} {c}x: themis {themis:.3}, rank {rank} of {}; lowest {best_other:.3}",
-                        Policy::ALL.len()
+                        "  {workload_name} seed {seed} {cluster_name} {c}x: themis {themis:.3}, rank {rank} of {}; lowest {best_other:.3}; {}",
+                        Policy::ALL.len(),
+                        loss.cause()
+                    );
+                    let _ = writeln!(
+                        losses,
+                        "{workload_name},{seed},{cluster_name},{c},{}",
+                        loss.csv_row()
                     );
                 }
             }
@@ -764,6 +772,7 @@ fn heterogeneous_seeds(
         }
     }
     out.csv("heterogeneous-seeds.csv", &csv)?;
+    out.csv("heterogeneous-seeds-losses.csv", &losses)?;
     out.lines(
         "heterogeneous-seeds-themis-vs-lowest.svg",
         &LineChart {
@@ -778,6 +787,111 @@ fn heterogeneous_seeds(
     Ok(format!(
         "themis has the lowest max rho (ties included) at {lowest_count} of {total} points; elsewhere:\n{summary}"
     ))
+}
+
+const LOSS_COLUMNS: &str = "workload,seed,cluster,contention,themis_max_rho,lowest_policy,\
+lowest_max_rho,app,model,t_cluster_s,themis_completion_s,lowest_completion_s,themis_n_avg,\
+lowest_n_avg,themis_rho,lowest_rho,themis_mean_gpus,lowest_mean_gpus,themis_restarts,\
+lowest_restarts,cause\n";
+
+/// Where Themis is not the fairest: its worst app, and the same app under the policy with the
+/// lowest max rho. An app's rho is T_sh / (T_cluster x N_avg), so its ratio between the two
+/// runs is the ratio of its finish times over the ratio of its N_avg (T_cluster, the app alone
+/// on the cluster, barely moves): either it finishes later under Themis, or it finishes as
+/// early but fewer apps were active around it (the others finished sooner).
+struct Loss<'a> {
+    themis: &'a AppReport,
+    lowest_policy: Policy,
+    lowest_max_rho: f64,
+    /// The same app under the lowest policy.
+    lowest: &'a AppReport,
+    themis_max_rho: f64,
+}
+
+impl<'a> Loss<'a> {
+    /// `at`: one point's reports, Themis's first (`Policy::ALL`'s order).
+    fn of(at: &'a [SimulationReport]) -> Self {
+        let worst = |report: &'a SimulationReport| {
+            report
+                .apps
+                .iter()
+                .max_by(|a, b| a.rho.total_cmp(&b.rho).then_with(|| b.app.cmp(&a.app)))
+                .expect("a point has apps")
+        };
+        let themis = worst(&at[0]);
+        let lowest_run = at[1..]
+            .iter()
+            .min_by(|a, b| a.summary.max_rho.total_cmp(&b.summary.max_rho))
+            .expect("other policies");
+        let lowest = lowest_run
+            .apps
+            .iter()
+            .find(|app| app.app == themis.app)
+            .expect("every policy runs the same apps");
+        Self {
+            themis,
+            lowest_policy: lowest_run.summary.policy,
+            lowest_max_rho: lowest_run.summary.max_rho,
+            lowest,
+            themis_max_rho: at[0].summary.max_rho,
+        }
+    }
+
+    /// The loss in words: which of the two factors of rho makes it.
+    fn cause(&self) -> String {
+        let (t, l) = (self.themis, self.lowest);
+        let later = t.completion_seconds / l.completion_seconds;
+        let fewer_apps = l.n_avg / t.n_avg;
+        if later <= 1.01 && fewer_apps <= 1.01 {
+            format!(
+                "level: {} finishes {later:.3}x as late under themis with N_avg {:.3} against {:.3} under {}",
+                t.app, t.n_avg, l.n_avg, self.lowest_policy
+            )
+        } else if later >= fewer_apps {
+            format!(
+                "{} finishes {later:.2}x later under themis (mean GPUs held {:.2} against {:.2}; {} restarts against {})",
+                t.app,
+                mean_gpus(t),
+                mean_gpus(l),
+                t.restarts,
+                l.restarts
+            )
+        } else {
+            format!(
+                "{} finishes {later:.2}x as late under themis, but its N_avg is {:.2} against {:.2} under {}",
+                t.app, t.n_avg, l.n_avg, self.lowest_policy
+            )
+        }
+    }
+
+    fn csv_row(&self) -> String {
+        let (t, l) = (self.themis, self.lowest);
+        format!(
+            "{:.6},{},{:.6},{},{},{:.3},{:.3},{:.3},{:.6},{:.6},{:.6},{:.6},{:.3},{:.3},{},{},\"{}\"",
+            self.themis_max_rho,
+            self.lowest_policy,
+            self.lowest_max_rho,
+            t.app,
+            t.model,
+            t.t_cluster_seconds,
+            t.completion_seconds,
+            l.completion_seconds,
+            t.n_avg,
+            l.n_avg,
+            t.rho,
+            l.rho,
+            mean_gpus(t),
+            mean_gpus(l),
+            t.restarts,
+            l.restarts,
+            self.cause()
+        )
+    }
+}
+
+/// GPUs an app held on average over its lifetime.
+fn mean_gpus(app: &AppReport) -> f64 {
+    app.gpu_seconds / app.completion_seconds
 }
 
 /// A column of the heterogeneous experiment: CSV name, chart label, value of a run.

@@ -36,7 +36,10 @@ pub struct AppReport {
     pub reallocations: u32,
     /// How often one of its jobs paused to checkpoint and restore on other GPUs.
     pub restarts: u32,
-    /// GPU-seconds its jobs' GPUs sat idle in those pauses.
+    /// A full restart pause on the GPUs a job restarts on, charged at each restart. This is
+    /// the GPU time those pauses idled only when each pause runs to its end: a pause cut short
+    /// (the job moves again, or the app loses the GPUs, before it ends) is charged in full, so
+    /// the figure can exceed the idle time, and under much churn even `gpu_seconds`.
     pub restart_gpu_seconds: f64,
 }
 
@@ -166,7 +169,8 @@ pub struct RunSummary {
     pub apps_rho_above_one: usize,
     pub apps_rho_above_two: usize,
     pub total_gpu_seconds: f64,
-    /// GPU-seconds lost to restart pauses.
+    /// Restart pauses charged, summed over apps ([`AppReport::restart_gpu_seconds`]: an upper
+    /// bound of the GPU time they idled).
     pub restart_gpu_seconds: f64,
     pub mean_completion_seconds: f64,
     pub p99_completion_seconds: f64,

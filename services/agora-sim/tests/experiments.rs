@@ -236,10 +236,44 @@ fn heterogeneous_seeds() {
         &["heterogeneous-seeds-themis-vs-lowest.svg"],
     );
     // One draw at the tiny scale, on two clusters at four contentions, every policy.
-    assert_eq!(
-        read(&dir, "heterogeneous-seeds.csv").lines().count(),
-        1 + 2 * 4 * Policy::ALL.len()
-    );
+    let runs = read(&dir, "heterogeneous-seeds.csv");
+    assert_eq!(runs.lines().count(), 1 + 2 * 4 * Policy::ALL.len());
+    // Every point where another policy's max rho is lower has its loss explained, with the
+    // numbers the runs' CSV has and an app rho that its own fields give.
+    let mut points: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
+    for line in runs.lines().skip(1) {
+        let fields: Vec<&str> = line.split(',').collect();
+        let point = fields[..4].join(",");
+        let max_rho: f64 = fields[6].parse().expect("max rho");
+        let entry = points.entry(point).or_insert((f64::NAN, f64::INFINITY));
+        if fields[4] == "themis" {
+            entry.0 = max_rho;
+        } else {
+            entry.1 = entry.1.min(max_rho);
+        }
+    }
+    let losses = read(&dir, "heterogeneous-seeds-losses.csv");
+    assert!(losses.starts_with("workload,seed,cluster,contention,themis_max_rho,lowest_policy,"));
+    let lost: Vec<&String> = points
+        .iter()
+        .filter(|(_, (themis, lowest))| themis > lowest)
+        .map(|(point, _)| point)
+        .collect();
+    assert_eq!(losses.lines().count(), 1 + lost.len(), "{losses}");
+    for row in losses.lines().skip(1) {
+        let fields: Vec<&str> = row.splitn(21, ',').collect();
+        let number = |index: usize| -> f64 { fields[index].parse().expect("a number") };
+        let (themis, lowest) = points[&fields[..4].join(",")];
+        assert_eq!(format!("{themis:.6}"), fields[4]);
+        assert_eq!(format!("{lowest:.6}"), fields[6]);
+        assert_eq!(number(14), number(4), "the app is Themis's worst");
+        let recomputed = number(10) / (number(9) * number(12));
+        assert!((recomputed / number(14) - 1.0).abs() < 1e-3, "{row}");
+        assert!(
+            fields[20].contains(fields[7]),
+            "the cause names the app: {row}"
+        );
+    }
 }
 
 #[test]
