@@ -717,7 +717,7 @@ fn heterogeneous_seeds(
     let mut csv = String::from(
         "workload,seed,cluster,contention,policy,unfinished_apps,max_rho,jains_index,mean_jct_hours\n",
     );
-    let mut losses = String::from(LOSS_COLUMNS);
+    let mut losses = format!("workload,seed,cluster,contention,{LOSS_COLUMNS}");
     let mut series: Vec<Series> = Vec::new();
     let (mut lowest_count, mut total) = (0, 0);
     let mut summary = String::new();
@@ -789,8 +789,8 @@ fn heterogeneous_seeds(
     ))
 }
 
-const LOSS_COLUMNS: &str = "workload,seed,cluster,contention,themis_max_rho,lowest_policy,\
-lowest_max_rho,app,model,t_cluster_s,themis_completion_s,lowest_completion_s,themis_n_avg,\
+/// The columns of a loss after the point's own ([`Loss::csv_row`]).
+const LOSS_COLUMNS: &str = "themis_max_rho,lowest_policy,lowest_max_rho,app,model,t_cluster_s,themis_completion_s,lowest_completion_s,themis_n_avg,\
 lowest_n_avg,themis_rho,lowest_rho,themis_mean_gpus,lowest_mean_gpus,themis_restarts,\
 lowest_restarts,cause\n";
 
@@ -915,6 +915,7 @@ fn heterogeneous(out: &mut Output, scale: ExperimentScale) -> Result<String, Exp
     let workload = generate::workload1(&scale.generator())?;
     let contention = MIXED_CONTENTION;
     let mut summary = String::new();
+    let mut losses = format!("cluster,contention,{LOSS_COLUMNS}");
     for (name, clusters) in mixed_clusters()? {
         let runs = every_policy(
             clusters
@@ -979,8 +980,14 @@ fn heterogeneous(out: &mut Output, scale: ExperimentScale) -> Result<String, Exp
                 "  {c}x: lowest max rho {} {:.2} (themis {:.2})",
                 best.summary.policy, best.summary.max_rho, at[0].summary.max_rho
             );
+            if best.summary.max_rho < at[0].summary.max_rho {
+                let loss = Loss::of(at);
+                let _ = writeln!(summary, "    {}", loss.cause());
+                let _ = writeln!(losses, "{name},{c},{}", loss.csv_row());
+            }
         }
     }
+    out.csv("heterogeneous-losses.csv", &losses)?;
     Ok(summary)
 }
 

@@ -223,6 +223,27 @@ fn heterogeneous() {
         read(&dir, "heterogeneous-gavel108.csv").lines().count(),
         1 + 4 * Policy::ALL.len()
     );
+    // A loss row for every point where another policy's max rho is below Themis's.
+    let mut lost = 0;
+    for cluster in ["gavel108", "mixed256"] {
+        let runs = read(&dir, &format!("heterogeneous-{cluster}.csv"));
+        let rows: Vec<Vec<&str>> = runs
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').collect())
+            .collect();
+        for point in rows.chunks(Policy::ALL.len()) {
+            let themis: f64 = point[0][4].parse().expect("max rho");
+            lost += usize::from(
+                point[1..]
+                    .iter()
+                    .any(|row| row[4].parse::<f64>().expect("max rho") < themis),
+            );
+        }
+    }
+    let losses = read(&dir, "heterogeneous-losses.csv");
+    assert!(losses.starts_with("cluster,contention,themis_max_rho,lowest_policy,"));
+    assert_eq!(losses.lines().count(), 1 + lost, "{losses}");
 }
 
 #[test]
