@@ -3,10 +3,11 @@
 //! running `agora worker`, the mirror also holds what the host's last heartbeat said about the
 //! GPU (its health and metrics); the worker itself enforces the leases.
 
-use crate::ids::{AppKey, LeaseKey};
 use actix::prelude::*;
 use agora_market::topology::GpuId;
 use agora_protocol::{GpuHealth, GpuMetrics};
+
+use crate::ids::{AppKey, LeaseKey};
 
 /// The worker's view of its GPU.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,9 +2,9 @@
 //! fairness of the market now, leases over a time window, and the rounds stream. Anything of
 //! another tenant is shown without ids, names or bid tables, as in [`Store::round_detail`].
 
-use agora_market::topology::GpuId;
 use std::collections::HashMap;
 
+use agora_market::topology::GpuId;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use utoipa::ToSchema;

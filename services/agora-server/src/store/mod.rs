@@ -22,14 +22,15 @@ pub use workers::*;
 pub use writer::*;
 pub use writes::*;
 
-use agora_market::topology::GpuId;
 use std::str::FromStr as _;
 use std::sync::{Arc, OnceLock};
 
-use crate::ids::AppKey;
 use agora_market::app::AppId;
+use agora_market::topology::GpuId;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
+
+use crate::ids::AppKey;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -1,7 +1,6 @@
 //! Reads: what the HTTP API shows, what the arbiter reloads after a restart, and what an audit
 //! replays.
 
-use agora_market::topology::GpuId;
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
@@ -11,6 +10,7 @@ use sqlx::postgres::PgListener;
 use utoipa::ToSchema;
 
 use agora_market::app::{App, AppKind, Job, SpeedChange};
+use agora_market::topology::GpuId;
 
 use super::{gpu_ids, EventPayload, Store, StoreError};
 use crate::ids::{AppKey, BidId, LeaseKey, RoundId, TenantId};

@@ -4,8 +4,7 @@
 use agora_market::auction::AppBid;
 use agora_market::lease::LeaseState;
 use agora_market::time::Timestamp;
-use agora_market::topology::GpuId;
-use agora_market::topology::{Cluster, GpuLocation};
+use agora_market::topology::{Cluster, GpuId, GpuLocation};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
