@@ -38,7 +38,7 @@ COPY --from=builder /out/agora /usr/local/bin/agora
 COPY services/agora-sim/clusters/ /usr/share/agora/clusters/
 
 ENV AGORA_LISTEN=0.0.0.0:8080 \
-    AGORA_FLEET=/usr/share/agora/clusters/themis-testbed.toml \
+    AGORA_FLEET=/usr/share/agora/clusters/themis-testbed-azure.toml \
     RUST_LOG=info
 
 USER agora

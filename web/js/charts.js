@@ -40,6 +40,18 @@ function rhoTop(values) {
 }
 
 /**
+ * A time axis's range: uPlot's (the data's, or the zoom's), or the ten minutes up to the last
+ * round for a history of no round, one round, or rounds within a minute, which uPlot would
+ * otherwise spread over years.
+ */
+function timeRange(u, min, max) {
+  const xs = u.data[0];
+  if (xs.length > 1 && xs[xs.length - 1] - xs[0] >= 60) return [min, max];
+  const end = xs.length ? xs[xs.length - 1] : Date.now() / 1000;
+  return [end - 600, end + 60];
+}
+
+/**
  * rho at the start of each round over time, with the line rho = 1; rounds where the app was
  * starving (rho unbounded) are marked on the top edge of the axis.
  */
@@ -51,7 +63,8 @@ export function rhoChart(container, history) {
   mount(container, 'rho', (width) => new uPlot({
     width,
     height: 240,
-    scales: { y: { range: (u) => [0, rhoTop(u.data[1])] } },
+    scales: { x: { range: timeRange },
+      y: { range: (u) => [0, rhoTop(u.data[1])] } },
     axes: [{ ...AXIS }, { ...AXIS, label: 'ρ at round start' }],
     series: [
       { label: 'time' },

@@ -442,9 +442,43 @@ test('GPU tiles and machines show their GPU types, and an app its leased GPUs\' 
   await row.first().waitFor();
   const cells = await row.allTextContents();
   assert.equal(cells[1], 'GPU-h0 (h100), GPU-v0 (v100)');
-  // The CPUs and memory that come with the lease; none where the hosts do not model them.
+  // One decimal at most; none where the hosts do not model CPUs and memory.
   assert.equal(cells[2], '12.3 CPUs · 32 GiB');
   assert.equal((await page.locator('#app-active-leases tr[data-lease="78"] > td').allTextContents())[2], '–');
+  assert.deepEqual(page.errors, []);
+  await page.close();
+});
+
+test('the leases an app holds show the CPUs and memory the server gave them with their GPUs', async () => {
+  // The demo's fleet has 6 CPU cores and 56 GiB per GPU on every machine, and its apps no
+  // profile, so each lease comes with its GPUs' share: 6 CPUs and 56 GiB a GPU.
+  const page = await signedIn(tokens['demo-vision']);
+  const shownLeases = async () => {
+    for (const app of (await api('/v1/me', tokens['demo-vision'])).apps) {
+      await page.goto(`${base}/#/apps/${app.id}`);
+      // The app's name and its leases are drawn together.
+      await page.locator('#app-detail').getByRole('heading', { name: app.name, exact: true }).waitFor();
+      const rows = await page.$$eval('#app-active-leases tr[data-lease]', (trs) => trs.map((tr) => [...tr.cells].map((cell) => cell.textContent)));
+      if (rows.length) return rows;
+    }
+    return [];
+  };
+  // Whenever none of the tenant's apps holds a lease, the next round may grant one.
+  let [{ round_id: round }] = await api('/v1/rounds?limit=1', tokens['demo-vision']);
+  let rows = await shownLeases();
+  for (let rounds = 0; rounds < 20 && !rows.length; rounds += 1) {
+    round = await nextStreamedRound(tokens['demo-vision'], round);
+    rows = await shownLeases();
+  }
+  assert.ok(rows.length, 'no app of demo-vision held a lease in 20 rounds');
+  // The app's rho chart spans at most the hour it shows, however few rounds it has had.
+  const { span, points } = await page.$eval('#rho-chart', (node) => ({ span: node.__chart.scales.x.max - node.__chart.scales.x.min, points: node.dataset.points }));
+  assert.ok(span > 0 && span <= 3600 + 60, `the rho chart of ${points} rounds spans ${span} s`);
+  for (const [, gpus, resources] of rows) {
+    const count = gpus.split(', ').length;
+    assert.equal(resources, `${6 * count} CPUs · ${56 * count} GiB`, `a lease of ${gpus}`);
+  }
+  await shot(page, 'apps-lease-resources');
   assert.deepEqual(page.errors, []);
   await page.close();
 });

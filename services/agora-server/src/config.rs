@@ -29,7 +29,8 @@ pub struct ServerConfig {
     /// cluster starts empty and grows as they do; `fleet` is not read).
     pub gpus: GpuSource,
     /// The simulated GPU fleet: a cluster file (the simulator's format). Only with
-    /// `gpus = "simulated"`.
+    /// `gpus = "simulated"`. The default is Themis's testbed with its Azure machines' CPUs and
+    /// memory, so leases carry CPU cores and memory too.
     pub fleet: PathBuf,
     /// The bearer token `agora worker` presents (`Authorization: Bearer`). Required with
     /// `gpus = "workers"`; the worker endpoints are closed otherwise.
@@ -59,7 +60,7 @@ impl Default for ServerConfig {
             admin_token: None,
             admin_token_file: None,
             gpus: GpuSource::Simulated,
-            fleet: PathBuf::from("services/agora-sim/clusters/themis-testbed.toml"),
+            fleet: PathBuf::from("services/agora-sim/clusters/themis-testbed-azure.toml"),
             worker_token: None,
             heartbeat_interval_ms: 5_000,
             fairness_knob: 0.8,

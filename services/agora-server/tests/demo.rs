@@ -12,12 +12,15 @@ use agora_server::demo::{adjust_with, Demo, DemoOptions};
 use sqlx::{Connection as _, PgConnection};
 use support::*;
 
-/// The Themis testbed, the demo's default fleet: 64 GPUs.
+/// The demo's default fleet: the Themis testbed's 64 GPUs on Azure machines with 6 CPU cores
+/// and 56 GiB per GPU.
 const TESTBED: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../agora-sim/clusters/themis-testbed.toml"
+    "/../agora-sim/clusters/themis-testbed-azure.toml"
 );
 const GPUS: i64 = 64;
+const CPUS_PER_GPU: f64 = 6.0;
+const MEMORY_GIB_PER_GPU: f64 = 56.0;
 
 #[actix_web::test]
 async fn after_ten_minutes_of_demo_rounds_still_come_every_few_seconds_with_several_bidders() {
@@ -114,6 +117,28 @@ async fn after_ten_minutes_of_demo_rounds_still_come_every_few_seconds_with_seve
     assert!(finished >= 3, "{finished} apps finished");
     assert!(late >= 3, "{late} apps arrived after minute 5");
     assert!(starving >= 3, "{starving} apps starved for a while");
+
+    // Every lease came with CPUs and memory; the demo's apps have no profile, so each got its
+    // GPUs' share of its machines.
+    let shares: Vec<(i64, i32, Option<f64>, Option<f64>)> = sqlx::query_as(
+        "SELECT r.lease_id, cardinality(l.gpus), r.cpus, r.memory_gib
+         FROM lease_resources r JOIN leases l ON l.id = r.lease_id",
+    )
+    .fetch_all(&mut database)
+    .await
+    .expect("lease resources");
+    let (leases,): (i64,) = sqlx::query_as("SELECT count(*) FROM leases")
+        .fetch_one(&mut database)
+        .await
+        .expect("leases");
+    let leases_with_resources: std::collections::BTreeSet<i64> =
+        shares.iter().map(|&(lease, ..)| lease).collect();
+    assert_eq!(leases_with_resources.len() as i64, leases);
+    for (lease, gpus, cpus, memory_gib) in shares {
+        let gpus = f64::from(gpus);
+        assert_eq!(cpus, Some(CPUS_PER_GPU * gpus), "lease {lease}");
+        assert_eq!(memory_gib, Some(MEMORY_GIB_PER_GPU * gpus), "lease {lease}");
+    }
     service.running.stop().await;
 }
 
