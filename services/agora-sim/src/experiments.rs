@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agora_market::app::{App, AppId, AppKind, Job};
 use agora_market::market::MarketConfig;
@@ -81,6 +81,11 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
          sensitivity-aware CPUs and memory, and of Synergy-Tune, Synergy's 128-GPU cluster and \
          derived trace at rising load",
     ),
+    (
+        "synergy-steady",
+        "the synergy experiment in Synergy's steady state: 1000 jobs measured at loads the \
+         cluster keeps up with",
+    ),
 ];
 
 /// How big the experiments are.
@@ -94,6 +99,8 @@ pub struct ExperimentScale {
     pub error_seeds: u64,
     /// Workload draws of `heterogeneous-seeds` (at most five).
     pub workload_draws: usize,
+    /// Jobs measured in the steady state of `synergy-steady`.
+    pub steady_state_jobs: usize,
     /// Worker threads (0: all available cores).
     pub threads: usize,
 }
@@ -106,6 +113,7 @@ impl ExperimentScale {
             duration_scale: generate::DEFAULT_DURATION_SCALE,
             error_seeds: 3,
             workload_draws: 5,
+            steady_state_jobs: 1000,
             threads: 0,
         }
     }
@@ -117,6 +125,7 @@ impl ExperimentScale {
             duration_scale: 0.01,
             error_seeds: 1,
             workload_draws: 1,
+            steady_state_jobs: 8,
             threads: 0,
         }
     }
@@ -210,6 +219,7 @@ pub fn run_experiment(
         "heterogeneous-seeds" => heterogeneous_seeds(&mut out, scale)?,
         "adaptation" => adaptation(&mut out, scale)?,
         "synergy" => synergy(&mut out, scale)?,
+        "synergy-steady" => synergy_steady(&mut out, scale)?,
         _ => return Err(ExperimentError::Unknown(name.to_owned())),
     };
     Ok(ExperimentOutput {
@@ -282,6 +292,7 @@ fn simulate_all(
     }
     .clamp(1, runs.len().max(1));
     let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Result<SimulationReport, SimulationError>>>> =
         Mutex::new((0..runs.len()).map(|_| None).collect());
     std::thread::scope(|scope| {
@@ -289,7 +300,16 @@ fn simulate_all(
             scope.spawn(|| loop {
                 let index = next.fetch_add(1, Ordering::Relaxed);
                 let Some(run) = runs.get(index) else { break };
+                let started = Instant::now();
                 let result = simulate(run.cluster, run.workload, &run.config, |_| {});
+                // Progress on standard error: the larger experiments run for many minutes.
+                eprintln!(
+                    "run {}/{} done: {} ({:.1} s)",
+                    done.fetch_add(1, Ordering::Relaxed) + 1,
+                    runs.len(),
+                    run.label,
+                    started.elapsed().as_secs_f64()
+                );
                 if let Ok(mut results) = results.lock() {
                     results[index] = Some(result);
                 }
@@ -1515,21 +1535,107 @@ fn later_than(report: &SimulationReport, reference: &SimulationReport) -> (usize
 /// Synergy's setting (OSDI'22 §5.3.2): its 128-GPU cluster, its derived trace at rising load
 /// ([`generate::synergy_trace`], `scale.apps` x 4 jobs), the runs of [`SYNERGY_RUNS`].
 fn synergy(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
+    synergy_setting(
+        out,
+        scale,
+        &SynergySetting {
+            name: "synergy",
+            title: "Synergy's trace",
+            loads: &SYNERGY_LOADS,
+            warm_up: 0,
+            measured: scale.apps * 4,
+        },
+    )
+}
+
+/// Jobs per hour of the steady-state Synergy experiment: 59%, 76% and 94% of the 3.4 jobs an
+/// hour that keep the 128 GPUs busy under GPU-proportional CPUs and memory, so queues settle
+/// instead of growing without end.
+pub const SYNERGY_STEADY_LOADS: [f64; 3] = [2.0, 2.6, 3.2];
+
+/// Synergy's steady state (§5.1: "the average metrics such as JCT across a set of 1000 jobs in
+/// steady state"): the same trace, longer, at loads the cluster can keep up with; only the
+/// `scale.steady_state_jobs` jobs that arrive after a quarter as many more (the cluster fills
+/// up) and before another quarter (it stays loaded while they finish) are measured.
+fn synergy_steady(out: &mut Output, scale: ExperimentScale) -> Result<String, ExperimentError> {
+    let measured = scale.steady_state_jobs;
+    synergy_setting(
+        out,
+        scale,
+        &SynergySetting {
+            name: "synergy-steady",
+            title: &format!("Synergy's steady state ({measured} jobs measured)"),
+            loads: &SYNERGY_STEADY_LOADS,
+            warm_up: measured / 4,
+            measured,
+        },
+    )
+}
+
+/// One setting of the Synergy experiments: the trace's length and loads and which of its jobs
+/// are measured.
+struct SynergySetting<'a> {
+    /// The outputs' file prefix.
+    name: &'a str,
+    /// What the charts' titles call the workload.
+    title: &'a str,
+    loads: &'a [f64],
+    /// Jobs arriving before the measured ones, and as many after them.
+    warm_up: usize,
+    /// Jobs measured, in the order they arrive.
+    measured: usize,
+}
+
+impl SynergySetting<'_> {
+    /// `report` with only the measured apps, summarised again.
+    fn measured(&self, workload: &Workload, report: &SimulationReport) -> SimulationReport {
+        if self.warm_up == 0 {
+            return report.clone();
+        }
+        let measured: std::collections::BTreeSet<&AppId> = workload.apps
+            [self.warm_up..self.warm_up + self.measured]
+            .iter()
+            .map(|app| &app.app.id)
+            .collect();
+        SimulationReport::new(
+            report.summary.policy,
+            report
+                .apps
+                .iter()
+                .filter(|app| measured.contains(&app.app))
+                .cloned()
+                .collect(),
+            report.summary.rounds,
+            report.summary.mechanism.clone(),
+        )
+    }
+}
+
+/// The runs of [`SYNERGY_RUNS`] at every load of `setting`: a CSV row each, charts of mean JCT,
+/// makespan and max rho against load.
+fn synergy_setting(
+    out: &mut Output,
+    scale: ExperimentScale,
+    setting: &SynergySetting,
+) -> Result<String, ExperimentError> {
     let cluster = Cluster::from_spec(&clusters::load_cluster_spec(shipped::path(
         shipped::SYNERGY_128,
     ))?)?;
-    let workloads: Vec<Workload> = SYNERGY_LOADS
+    let jobs = setting.measured + 2 * setting.warm_up;
+    let workloads: Vec<Workload> = setting
+        .loads
         .iter()
-        .map(|&load| generate::synergy_trace(scale.apps * 4, load, 0))
+        .map(|&load| generate::synergy_trace(jobs, load, 0))
         .collect();
     let mut runs = Vec::new();
-    for (workload, load) in workloads.iter().zip(SYNERGY_LOADS) {
+    for (workload, load) in workloads.iter().zip(setting.loads) {
         for run in &SYNERGY_RUNS {
             let mut config = config(run.policy);
             config.market.resource_allocation = run.allocation;
             runs.push(Run {
                 label: format!(
-                    "synergy {load}/h/{}/{}",
+                    "{} {load}/h/{}/{}",
+                    setting.name,
                     run.policy,
                     allocation_name(run.allocation)
                 ),
@@ -1539,14 +1645,18 @@ fn synergy(out: &mut Output, scale: ExperimentScale) -> Result<String, Experimen
             });
         }
     }
-    let reports = simulate_all(&runs, scale.threads)?;
     let per_load = SYNERGY_RUNS.len();
+    let reports: Vec<SimulationReport> = simulate_all(&runs, scale.threads)?
+        .iter()
+        .enumerate()
+        .map(|(i, report)| setting.measured(&workloads[i / per_load], report))
+        .collect();
     let mut csv = String::from(
         "jobs_per_hour,policy,allocation,unfinished_apps,mean_jct_hours,makespan_hours,max_rho,\
          jobs_later_than_gpu_proportional,worst_jct_ratio\n",
     );
     let mut summary = String::new();
-    for (i, load) in SYNERGY_LOADS.iter().enumerate() {
+    for (i, load) in setting.loads.iter().enumerate() {
         let at = |k: usize| &reports[i * per_load + k];
         for (k, run) in SYNERGY_RUNS.iter().enumerate() {
             let s = &at(k).summary;
@@ -1578,7 +1688,7 @@ fn synergy(out: &mut Output, scale: ExperimentScale) -> Result<String, Experimen
             }
         }
     }
-    out.csv("synergy.csv", &csv)?;
+    out.csv(&format!("{}.csv", setting.name), &csv)?;
     for (column, label, value) in [
         (
             "mean_jct",
@@ -1594,7 +1704,8 @@ fn synergy(out: &mut Output, scale: ExperimentScale) -> Result<String, Experimen
             .iter()
             .enumerate()
             .map(|(k, run)| {
-                let points = SYNERGY_LOADS
+                let points = setting
+                    .loads
                     .iter()
                     .enumerate()
                     .map(|(i, &load)| (load, value(&reports[i * per_load + k].summary)))
@@ -1606,9 +1717,9 @@ fn synergy(out: &mut Output, scale: ExperimentScale) -> Result<String, Experimen
             })
             .collect();
         out.lines(
-            &format!("synergy-{column}.svg"),
+            &format!("{}-{column}.svg", setting.name),
             &LineChart {
-                title: &format!("{label} vs load, Synergy's trace on 128 GPUs"),
+                title: &format!("{label} vs load, {} on 128 GPUs", setting.title),
                 x_label: "load (jobs per hour)",
                 y_label: label,
                 markers: true,
@@ -1618,4 +1729,57 @@ fn synergy(out: &mut Output, scale: ExperimentScale) -> Result<String, Experimen
         )?;
     }
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::MechanismStats;
+
+    #[test]
+    fn a_steady_state_is_measured_on_the_jobs_between_its_warm_up_and_cool_down_alone() {
+        let workload = generate::synergy_trace(6, 2.0, 0);
+        // Job i takes i + 1 hours.
+        let apps = workload
+            .apps
+            .iter()
+            .zip(1..)
+            .map(|(app, hours)| {
+                let seconds = 3600.0 * f64::from(hours);
+                AppReport::new(
+                    app.app.id.clone(),
+                    app.model.clone(),
+                    true,
+                    app.arrival_seconds,
+                    seconds,
+                    seconds,
+                    1.0,
+                )
+            })
+            .collect();
+        let report = SimulationReport::new(Policy::Themis, apps, 10, MechanismStats::default());
+        let steady = SynergySetting {
+            name: "steady",
+            title: "steady",
+            loads: &[2.0],
+            warm_up: 1,
+            measured: 3,
+        };
+        let measured = steady.measured(&workload, &report);
+        let ids: Vec<&AppId> = measured.apps.iter().map(|app| &app.app).collect();
+        let expected: Vec<&AppId> = workload.apps[1..4].iter().map(|app| &app.app.id).collect();
+        assert_eq!(ids, expected);
+        // The jobs of 2, 3 and 4 hours: 3 hours on average (all six: 3.5).
+        assert_eq!(measured.summary.apps, 3);
+        assert_eq!(measured.summary.mean_completion_seconds, 3.0 * 3600.0);
+        assert_eq!(measured.summary.rounds, 10);
+
+        // Without a warm-up every job is measured: the report as it was.
+        let whole = SynergySetting {
+            warm_up: 0,
+            measured: 6,
+            ..steady
+        };
+        assert_eq!(whole.measured(&workload, &report), report);
+    }
 }

@@ -1,5 +1,6 @@
 //! Every experiment runs at a tiny scale and writes its CSV and SVG files.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use agora_market::policy::Policy;
@@ -313,6 +314,38 @@ fn adaptation() {
     // Four workloads under every policy, and Themis told reactively on the two dynamic ones.
     assert_eq!(csv.lines().count(), 1 + 4 * Policy::ALL.len() + 2);
     assert_eq!(csv.matches(",themis-reactive,").count(), 2);
+}
+
+#[test]
+fn synergy_steady() {
+    let dir = check(
+        "synergy-steady",
+        &[(
+            "synergy-steady.csv",
+            "jobs_per_hour,policy,allocation,unfinished_apps,mean_jct_hours,makespan_hours,max_rho,\
+             jobs_later_than_gpu_proportional,worst_jct_ratio",
+        )],
+        &[
+            "synergy-steady-mean_jct.svg",
+            "synergy-steady-makespan.svg",
+            "synergy-steady-max_rho.svg",
+        ],
+    );
+    // Three loads the cluster keeps up with, the eight runs of `synergy` at each.
+    let csv = read(&dir, "synergy-steady.csv");
+    assert_eq!(csv.lines().count(), 1 + 3 * 8);
+    let loads: BTreeSet<&str> = csv
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split(',').next())
+        .collect();
+    assert_eq!(loads, BTreeSet::from(["2", "2.6", "3.2"]));
+    for line in csv
+        .lines()
+        .filter(|line| line.contains(",gpu-proportional,"))
+    {
+        assert!(line.ends_with(",0,1.0000"), "{line}");
+    }
 }
 
 #[test]
