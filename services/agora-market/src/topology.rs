@@ -130,6 +130,8 @@ pub struct Cluster {
     interchange_class: Vec<u32>,
     /// CPU cores and memory of the machines that give them, by machine number.
     machine_resources: BTreeMap<u32, MachineResources>,
+    /// How many GPUs each machine has, by machine number: read for every app's speeds.
+    machine_gpus: BTreeMap<u32, u32>,
 }
 
 impl Cluster {
@@ -139,8 +141,10 @@ impl Cluster {
         let mut machine_rack = HashMap::new();
         let mut classes: HashMap<(u32, &str), u32> = HashMap::new();
         let mut interchange_class = Vec::with_capacity(gpus.len());
+        let mut machine_gpus = BTreeMap::new();
         for (index, gpu) in gpus.iter().enumerate() {
             let location = gpu.location;
+            *machine_gpus.entry(location.machine).or_insert(0) += 1;
             if by_id
                 .insert(gpu.id.clone(), GpuIndex(index as u32))
                 .is_some()
@@ -178,6 +182,7 @@ impl Cluster {
             by_id,
             interchange_class,
             machine_resources: BTreeMap::new(),
+            machine_gpus,
         })
     }
 
@@ -227,9 +232,9 @@ impl Cluster {
         let first = self.gpus.len();
         let mut all = self.gpus.clone();
         all.extend(gpus);
-        let machine_resources = std::mem::take(&mut self.machine_resources);
-        *self = Self::new(all)?;
-        self.machine_resources = machine_resources;
+        let mut grown = Self::new(all)?;
+        grown.machine_resources = std::mem::take(&mut self.machine_resources);
+        *self = grown;
         Ok((first..self.gpus.len())
             .map(|index| GpuIndex(index as u32))
             .collect())
@@ -326,12 +331,8 @@ impl Cluster {
     }
 
     /// How many GPUs each machine has, by machine number.
-    pub fn gpus_per_machine(&self) -> BTreeMap<u32, u32> {
-        let mut counts = BTreeMap::new();
-        for gpu in &self.gpus {
-            *counts.entry(gpu.location.machine).or_insert(0) += 1;
-        }
-        counts
+    pub fn gpus_per_machine(&self) -> &BTreeMap<u32, u32> {
+        &self.machine_gpus
     }
 }
 
@@ -622,8 +623,9 @@ mod tests {
 
     #[test]
     fn extending_keeps_indices_and_refuses_inconsistent_gpus() {
-        let mut cluster =
-            Cluster::from_spec(&ClusterSpec::uniform(1, 1, 1, 2)).expect("valid spec");
+        let mut spec = ClusterSpec::uniform(1, 1, 1, 2);
+        spec.racks[0].machines[0].cpus = Some(16);
+        let mut cluster = Cluster::from_spec(&spec).expect("valid spec");
         let before: Vec<Gpu> = cluster.gpus().map(|(_, gpu)| gpu.clone()).collect();
         assert_eq!(cluster.next_free_numbers(), location(1, 1, 1));
         let new = Gpu {
@@ -633,6 +635,11 @@ mod tests {
         };
         let added = cluster.extend(vec![new.clone()]).expect("consistent");
         assert_eq!(added, vec![GpuIndex(2)]);
+        assert_eq!(
+            cluster.gpus_per_machine(),
+            &BTreeMap::from([(0, 2), (1, 1)])
+        );
+        assert_eq!(cluster.machine_resources(0).cpus, Some(16.0));
         assert_eq!(cluster.index_of(&new.id), Some(GpuIndex(2)));
         for (index, gpu) in before.iter().enumerate() {
             assert_eq!(
