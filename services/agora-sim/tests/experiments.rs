@@ -42,7 +42,7 @@ fn check(name: &str, csvs: &[(&str, &str)], svgs: &[&str]) -> PathBuf {
 
 #[test]
 fn every_listed_experiment_is_known_and_unknown_names_are_rejected() {
-    assert_eq!(EXPERIMENTS.len(), 12);
+    assert_eq!(EXPERIMENTS.len(), 13);
     let error = run_experiment("fig99", &out_dir("unknown"), ExperimentScale::tiny())
         .expect_err("not an experiment");
     assert!(error.to_string().contains("fig18-liar"), "{error}");
