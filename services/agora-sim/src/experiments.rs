@@ -1606,9 +1606,6 @@ struct SynergySetting<'a> {
 impl SynergySetting<'_> {
     /// `report` with only the measured apps, summarised again.
     fn measured(&self, workload: &Workload, report: &SimulationReport) -> SimulationReport {
-        if self.warm_up == 0 {
-            return report.clone();
-        }
         let measured: std::collections::BTreeSet<&AppId> = workload.apps
             [self.warm_up..self.warm_up + self.measured]
             .iter()
@@ -1834,7 +1831,7 @@ mod tests {
         assert_eq!(measured.summary.mean_completion_seconds, 3.0 * 3600.0);
         assert_eq!(measured.summary.rounds, 10);
 
-        // Without a warm-up every job is measured: the report as it was.
+        // Without a warm-up every job is measured: the report as it was, summarised again.
         let whole = SynergySetting {
             warm_up: 0,
             measured: 6,

@@ -316,9 +316,9 @@ fn adaptation() {
     assert_eq!(csv.matches(",themis-reactive,").count(), 2);
 }
 
-/// Runs the Synergy experiment `name` and checks its files, its loads and its rows: per load, Themis, SRTF and Gavel-FTF with both allocations and
-/// Synergy-Tune on SRTF and on Gavel-FTF. A GPU-proportional run is its own reference: no job
-/// later, ratio 1.
+/// Runs the Synergy experiment `name` and checks its files, its loads and its rows: per load,
+/// Themis, SRTF and Gavel-FTF with both allocations and Synergy-Tune on SRTF and on Gavel-FTF.
+/// A GPU-proportional run is its own reference: no job later, ratio 1.
 fn check_synergy(name: &str, loads: &[&str]) {
     let csv_file = format!("{name}.csv");
     let charts = ["mean_jct", "makespan", "max_rho"].map(|chart| format!("{name}-{chart}.svg"));
