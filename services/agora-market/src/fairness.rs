@@ -11,6 +11,8 @@
 //! share ([`GpuSpeeds`]), and the app's scheduler places its most critical jobs on its fastest
 //! GPUs; with no throughput table every speed is 1 and nothing changes.
 
+use std::collections::BTreeMap;
+
 use crate::app::{App, AppKind, JobInfo, PerformanceCurveAgent, SuccessiveHalvingAgent};
 use crate::rho::Rho;
 use crate::throughput::GpuSpeeds;
@@ -392,15 +394,14 @@ impl<'a> FreeGpus<'a> {
             |location: GpuLocation| location.rack,
         ]
         .map(|number_of| {
-            let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+            let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
             for (position, &location) in pool.iter().enumerate() {
-                let number = number_of(location);
-                match groups.iter_mut().find(|(group, _)| *group == number) {
-                    Some((_, positions)) => positions.push(position),
-                    None => groups.push((number, vec![position])),
-                }
+                groups
+                    .entry(number_of(location))
+                    .or_default()
+                    .push(position);
             }
-            groups
+            groups.into_iter().collect()
         });
         Self {
             pool,
@@ -412,51 +413,49 @@ impl<'a> FreeGpus<'a> {
 
     /// Takes `count` free GPUs from the smallest slot, else machine, else rack that has them
     /// (the fastest first, then ties to the lowest number), else the first free ones; fewer if
-    /// fewer are free.
+    /// fewer are free. Agents call this for every bundle they price, so the search counts free
+    /// GPUs in place and allocates only the answer.
     fn take_best_fit(&mut self, count: usize) -> Vec<usize> {
         if count == 0 {
             return Vec::new();
         }
         let taken = &self.taken;
-        let free_in = |positions: &[usize]| -> Vec<usize> {
-            positions
-                .iter()
-                .copied()
-                .filter(|&position| !taken[position])
-                .collect()
-        };
-        let pool = self.pool;
-        let speeds = self.speeds;
+        let free_in = |positions| free_positions(positions, taken);
+        let (pool, speeds) = (self.pool, self.speeds);
         let fitting = self.containers.iter().find_map(|level| {
             level
                 .iter()
-                .map(|(number, positions)| {
-                    let free = free_in(positions);
-                    let speed = speeds.slowest(free.iter().take(count).map(|&item| pool[item]));
-                    (free, speed, *number)
+                .filter_map(|(number, positions)| {
+                    let free = free_in(positions).count();
+                    let first = free_in(positions).take(count).map(|item| pool[item]);
+                    (free >= count).then(|| (positions, free, speeds.slowest(first), *number))
                 })
-                .filter(|(free, ..)| free.len() >= count)
-                .min_by(|a, b| {
-                    b.1.total_cmp(&a.1)
-                        .then(a.0.len().cmp(&b.0.len()))
-                        .then(a.2.cmp(&b.2))
-                })
-                .map(|(free, ..)| free)
+                .min_by(|a, b| b.2.total_cmp(&a.2).then(a.1.cmp(&b.1)).then(a.3.cmp(&b.3)))
+                .map(|(positions, ..)| positions.as_slice())
         });
-        let chosen: Vec<usize> = fitting
-            .unwrap_or_else(|| {
-                (0..self.pool.len())
-                    .filter(|&position| !taken[position])
-                    .collect()
-            })
-            .into_iter()
-            .take(count)
-            .collect();
+        let chosen: Vec<usize> = match fitting {
+            Some(positions) => free_in(positions).take(count).collect(),
+            None => (0..pool.len())
+                .filter(|&position| !taken[position])
+                .take(count)
+                .collect(),
+        };
         for &position in &chosen {
             self.taken[position] = true;
         }
         chosen
     }
+}
+
+/// The positions in `positions` that are not `taken`, in order.
+fn free_positions<'p>(
+    positions: &'p [usize],
+    taken: &'p [bool],
+) -> impl Iterator<Item = usize> + 'p {
+    positions
+        .iter()
+        .copied()
+        .filter(move |&position| !taken[position])
 }
 
 /// The running integral of the number of active apps over time, from which each app's N_avg
