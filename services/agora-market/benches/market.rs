@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use agora_market::auction::{AppBid, Auction};
+use agora_market::auction::Auction;
 use agora_market::market::{Market, RoundOutcome};
 use criterion::{Criterion, SamplingMode};
 
@@ -198,11 +198,7 @@ fn breakdown(scenario: &Scenario) -> String {
         let open = started.elapsed();
 
         let started = Instant::now();
-        let bids: Vec<AppBid> = round
-            .bidders
-            .iter()
-            .map(|app| market.agent_bid(&round, app).expect("a bidder"))
-            .collect();
+        let bids = market.agent_bids(&round).expect("every bidder");
         let bidding = started.elapsed();
 
         let started = Instant::now();

@@ -23,6 +23,7 @@ pub mod lease;
 pub mod leftover;
 pub mod live;
 pub mod market;
+mod parallel;
 pub mod policy;
 pub mod progress;
 pub mod resources;

@@ -27,6 +27,7 @@ use crate::fairness::{
 use crate::hosts::{Host, HostDirectory, HostSpec};
 use crate::lease::{Lease, LeaseBook, LeaseId};
 use crate::leftover::{LeftoverPolicy, Recipient};
+use crate::parallel::parallel_map;
 use crate::policy::Policy;
 use crate::resources::{MachineResources, MachineTenants, ResourceAllocation, ResourceSplit};
 use crate::rho::RhoOld;
@@ -1074,6 +1075,14 @@ impl Market {
         Ok(self.bid_inputs(offer, app)?.bid(&offer.offer))
     }
 
+    /// The engine's agent's bid for every bidder of `offer`, in its order. The bids are
+    /// independent of one another, so they are computed on all cores.
+    pub fn agent_bids(&self, offer: &RoundOffer) -> Result<Vec<AppBid>, MarketError> {
+        parallel_map(&offer.bidders, |app| self.agent_bid(offer, app))
+            .into_iter()
+            .collect()
+    }
+
     /// What an agent elsewhere (the service's app agents) needs to bid for `app` on `offer`.
     pub fn bid_inputs(&self, offer: &RoundOffer, app: &AppId) -> Result<BidInputs, MarketError> {
         let participant = self
@@ -1217,11 +1226,7 @@ impl Market {
             return self.run_baseline_round(now, seed);
         }
         let round = self.open_round(now)?;
-        let bids: Result<Vec<AppBid>, MarketError> = round
-            .bidders
-            .iter()
-            .map(|app| self.agent_bid(&round, app))
-            .collect();
+        let bids = self.agent_bids(&round);
         Some(bids.and_then(|bids| self.close_round(round, bids, seed)))
     }
 
@@ -1379,11 +1384,7 @@ impl Market {
                     .collect(),
                 standings: Vec::new(),
             };
-            let bids: Vec<AppBid> = sub_round
-                .bidders
-                .iter()
-                .map(|app| self.agent_bid(&sub_round, app))
-                .collect::<Result<_, _>>()?;
+            let bids = self.agent_bids(&sub_round)?;
             let outcome =
                 run_auction(&sub_round.offer.offer, &bids, round.seed.wrapping_add(pass))?;
             *leftover = offered_subset(&sub_round.offer.offer, &outcome.unallocated);

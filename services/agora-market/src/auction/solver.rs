@@ -25,13 +25,12 @@
 
 use std::num::NonZeroU32;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use highs::{Col, HighsModelStatus, Model, RowProblem, Sense};
 use serde::{Deserialize, Serialize};
 
 use super::{AuctionError, Choice, Instance, Rounding};
+use crate::parallel::parallel_map;
 
 /// Payers whose payments share one LP model (and one worker). Fixed, not derived from the
 /// number of cores, so that which basis each re-solve starts from, and hence every result,
@@ -1268,37 +1267,4 @@ fn best_alone(instance: &Instance, member: usize) -> Option<usize> {
             .total_cmp(&instance.gain(member, b))
             .then(b.cmp(&a))
     })
-}
-
-/// Maps `f` over `items` on all available cores, keeping order. Each call is independent, so
-/// the results do not depend on scheduling.
-fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let workers = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(items.len());
-    if workers <= 1 {
-        return items.iter().map(f).collect();
-    }
-    let next = AtomicUsize::new(0);
-    let results: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let index = next.fetch_add(1, Ordering::Relaxed);
-                let Some(item) = items.get(index) else { break };
-                let result = f(item);
-                *results[index]
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(result);
-            });
-        }
-    });
-    results
-        .into_iter()
-        .map(|slot| {
-            slot.into_inner()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .expect("every item is mapped")
-        })
-        .collect()
 }

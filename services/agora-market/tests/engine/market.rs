@@ -240,6 +240,25 @@ fn closing_a_stale_offer_changes_nothing() {
     assert_eq!(market.leases().active().count(), 0);
 }
 
+#[test]
+fn agent_bids_are_each_bidders_own_bid_in_the_offers_order() {
+    // Fairness knob 0: every app with unmet demand bids.
+    let mut market = market(uniform_cluster(1, 2, 2, 2), 0.0);
+    for (app, gpus, iterations) in [("d", 1, 100), ("c", 4, 400), ("b", 2, 50), ("a", 3, 900)] {
+        market
+            .add_app(single_job_app(app, gpus, iterations, 1.0), Timestamp(0))
+            .expect("new app");
+    }
+    let round = market.open_round(Timestamp(0)).expect("offer");
+    assert_eq!(round.bidders.len(), 4, "{:?}", round.bidders);
+    let one_by_one: Vec<AppBid> = round
+        .bidders
+        .iter()
+        .map(|app| market.agent_bid(&round, app).expect("known app"))
+        .collect();
+    assert_eq!(market.agent_bids(&round).expect("known apps"), one_by_one);
+}
+
 /// A market with apps "a" and "b" (1 GPU each) and a round offering two GPUs to both, with
 /// the agents' bids.
 fn decided_on_a_snapshot() -> (Market, RoundOffer, Vec<AppBid>) {
@@ -250,11 +269,7 @@ fn decided_on_a_snapshot() -> (Market, RoundOffer, Vec<AppBid>) {
             .expect("new app");
     }
     let round = market.open_round(Timestamp(0)).expect("offer");
-    let bids = round
-        .bidders
-        .iter()
-        .map(|app| market.agent_bid(&round, app).expect("known app"))
-        .collect();
+    let bids = market.agent_bids(&round).expect("known apps");
     (market, round, bids)
 }
 
