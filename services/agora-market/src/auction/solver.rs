@@ -522,8 +522,9 @@ enum Screened {
 
 /// Screens the payment of the member at `payer` (already excluded from `relaxation`): the LP
 /// bounds the others' optimum above, x* minus the payer (improved by single moves) below. Only
-/// when these bounds leave the GPUs the payer keeps open does a dive from the LP optimum look
-/// for a better lower bound: a dive is a chain of LP re-solves, most of a payment's time.
+/// when these bounds leave the GPUs the payer keeps open, and the component is small enough
+/// for a dive to pay ([`DIVE_WORK_LIMIT`]), does a dive from the LP optimum look for a better
+/// lower bound: a dive is a chain of LP re-solves, most of a payment's time.
 fn screen_payment(
     context: &Context,
     relaxation: &mut Relaxation,
@@ -551,7 +552,7 @@ fn screen_payment(
         upper: relaxed,
         relaxed,
     };
-    if !optimum.decides(rounding) {
+    if !optimum.decides(rounding) && relaxation.dive_is_affordable() {
         if let Some(dived) = relaxation.dive("payment")? {
             optimum.lower = optimum.lower.max(improved(dived));
         }
@@ -904,6 +905,16 @@ impl Formulation {
     }
 }
 
+/// The largest component, in members times columns, whose payments dive. A dive re-solves the
+/// LP about once per member it settles, each re-solve over every column, and in large
+/// components it almost never decides a payment: measured on the round benchmark
+/// (BENCHMARKS.md), dives decided 29% of the payments they tried at 256 GPUs (20 bidders,
+/// 200-420 columns: 4,000-8,400), 7% at 1024 GPUs (80 bidders, ~1,900 columns: ~150,000) and
+/// 6 of 1,525 at 4096 GPUs (200 bidders, ~5,400 columns: ~1,000,000), where they were 94% of
+/// the screening's time. Counted in the component's size, not in seconds, so that a replay
+/// takes the same decisions on any machine.
+const DIVE_WORK_LIMIT: usize = 50_000;
+
 /// How far from 0 or 1 an LP value may be and still count as integral.
 const INTEGRALITY: f64 = 1e-6;
 
@@ -1000,6 +1011,13 @@ impl Relaxation {
             bound,
             reach,
         })
+    }
+
+    /// Whether a dive's expected work, about one LP re-solve over every column per member it
+    /// settles, is within [`DIVE_WORK_LIMIT`].
+    fn dive_is_affordable(&self) -> bool {
+        let members = self.formulation.columns_of.len();
+        members * self.formulation.columns.len() <= DIVE_WORK_LIMIT
     }
 
     /// A choice of the binary program found by diving from the last LP optimum: the column

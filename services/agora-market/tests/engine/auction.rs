@@ -31,6 +31,8 @@ use agora_market::auction::{
 use agora_market::rho::Rho;
 use agora_market::topology::{GpuId, GpuLocation};
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::TestRunner;
 
 // ---------------------------------------------------------------------------------------------
 // Builders
@@ -1430,54 +1432,103 @@ fn tie_spec() -> impl Strategy<Value = Spec> {
 proptest! {
     #![proptest_config(config())]
 
-    /// The fast path (LP screening, certified payments, shared models, payments bracketed as
-    /// far as the rounding needs) chooses a PF choice as good as the reference's, and every
-    /// winner's c_i is the reference's or a certified interval around it in which the GPUs kept
-    /// do not change.
+    /// See [`matches_one_milp_per_payment`].
     #[test]
     fn fast_path_matches_one_milp_per_payment(spec in tie_spec()) {
-        let (offer, bids) = (spec.offer(), spec.bids());
-        let outcome = run(&offer, &bids, spec.seed);
-        let model = Model::new(&offer, &bids);
-        let reference = Reference { model: &model };
-        let pf = model.choice_of(&outcome);
-        prop_assert!(model.is_feasible(&pf), "PF choice {:?} is infeasible", pf);
-        prop_assert!(outcome.payment_fallbacks.is_empty());
-        let everyone: Vec<usize> = (0..model.bidders.len()).collect();
-        let served = reference.most_starving_served(&everyone);
-        prop_assert_eq!(model.starving_served(&pf, None), served);
-        let best = reference.best_welfare(&everyone, served);
-        let welfare = model.welfare(&pf, None);
-        prop_assert!((welfare - best).abs() <= 1e-7, "PF welfare {} of {:?}, reference {}", welfare, pf, best);
-        for (bidder, model_bidder) in model.bidders.iter().enumerate() {
-            let expected = if pf[bidder].is_none() {
-                1.0
-            } else {
-                let others: Vec<usize> =
-                    reference.component_of(bidder).into_iter().filter(|&b| b != bidder).collect();
-                let served = others.iter().filter(|&&b| model.is_starving(b) && pf[b].is_some()).count();
-                (welfare_of(&model, &pf, &others) - reference.best_welfare(&others, served)).exp()
-            };
-            let app = &model_bidder.app;
-            match outcome.c_bounds.get(app) {
-                None => assert_close(outcome.c[app], expected, 1e-7, "c against the reference"),
-                Some(bounds) => {
-                    prop_assert!(
-                        expected >= bounds.low - 1e-7 && expected <= bounds.high + 1e-7,
-                        "{}: reference c = {} outside [{}, {}]", app, expected, bounds.low, bounds.high
-                    );
-                    // Every share in the interval keeps the same GPUs, the reference's too.
-                    let (size, kept) = (outcome.pf_gpus[app].len() as f64, outcome.allocation[app].len());
-                    let possible = |share: f64| {
-                        let exact = share * size;
-                        let lowest = usize::from(model.is_starving(bidder)).max(exact.floor() as usize);
-                        (lowest..=exact.ceil().max(1.0) as usize).contains(&kept)
-                    };
-                    prop_assert!(possible(expected) && possible(bounds.high), "{} keeps {} of {}", app, kept, size);
-                }
+        matches_one_milp_per_payment(&spec)?;
+    }
+}
+
+/// A component whose payments are too large to dive for (docs/mechanism.md): 120 bidders, 30%
+/// of them starving, with 6 entries each over 16 GPUs (in 4 classes, or each its own). Without dives the
+/// screening leaves more payments open, and the programs must still decide them exactly.
+#[test]
+fn payments_too_large_to_dive_for_are_still_exact() {
+    let bidder = (
+        prop::option::weighted(0.7, rho_value()),
+        prop::collection::vec((0u32..1 << 16, rho_value()), 6),
+    )
+        .prop_map(|(rho_old, entries)| BidderSpec { rho_old, entries });
+    let specs = spec_of(16..=16, 4, prop::collection::vec(bidder, 120));
+    let mut runner = TestRunner::deterministic();
+    for _ in 0..2 {
+        let spec = specs.new_tree(&mut runner).expect("generated").current();
+        matches_one_milp_per_payment(&spec).unwrap_or_else(|failure| panic!("{failure}"));
+    }
+}
+
+/// The fast path (LP screening, certified payments, shared models, payments bracketed as far
+/// as the rounding needs) chooses a PF choice as good as the reference's, and every winner's
+/// c_i is the reference's or a certified interval around it in which the GPUs kept do not
+/// change.
+fn matches_one_milp_per_payment(spec: &Spec) -> Result<(), TestCaseError> {
+    let (offer, bids) = (spec.offer(), spec.bids());
+    let outcome = run(&offer, &bids, spec.seed);
+    let model = Model::new(&offer, &bids);
+    let reference = Reference { model: &model };
+    let pf = model.choice_of(&outcome);
+    prop_assert!(model.is_feasible(&pf), "PF choice {:?} is infeasible", pf);
+    prop_assert!(outcome.payment_fallbacks.is_empty());
+    let everyone: Vec<usize> = (0..model.bidders.len()).collect();
+    let served = reference.most_starving_served(&everyone);
+    prop_assert_eq!(model.starving_served(&pf, None), served);
+    let best = reference.best_welfare(&everyone, served);
+    let welfare = model.welfare(&pf, None);
+    prop_assert!(
+        (welfare - best).abs() <= 1e-7,
+        "PF welfare {} of {:?}, reference {}",
+        welfare,
+        pf,
+        best
+    );
+    for (bidder, model_bidder) in model.bidders.iter().enumerate() {
+        let expected = if pf[bidder].is_none() {
+            1.0
+        } else {
+            let others: Vec<usize> = reference
+                .component_of(bidder)
+                .into_iter()
+                .filter(|&b| b != bidder)
+                .collect();
+            let served = others
+                .iter()
+                .filter(|&&b| model.is_starving(b) && pf[b].is_some())
+                .count();
+            (welfare_of(&model, &pf, &others) - reference.best_welfare(&others, served)).exp()
+        };
+        let app = &model_bidder.app;
+        match outcome.c_bounds.get(app) {
+            None => assert_close(outcome.c[app], expected, 1e-7, "c against the reference"),
+            Some(bounds) => {
+                prop_assert!(
+                    expected >= bounds.low - 1e-7 && expected <= bounds.high + 1e-7,
+                    "{}: reference c = {} outside [{}, {}]",
+                    app,
+                    expected,
+                    bounds.low,
+                    bounds.high
+                );
+                // Every share in the interval keeps the same GPUs, the reference's too.
+                let (size, kept) = (
+                    outcome.pf_gpus[app].len() as f64,
+                    outcome.allocation[app].len(),
+                );
+                let possible = |share: f64| {
+                    let exact = share * size;
+                    let lowest = usize::from(model.is_starving(bidder)).max(exact.floor() as usize);
+                    (lowest..=exact.ceil().max(1.0) as usize).contains(&kept)
+                };
+                prop_assert!(
+                    possible(expected) && possible(bounds.high),
+                    "{} keeps {} of {}",
+                    app,
+                    kept,
+                    size
+                );
             }
         }
     }
+    Ok(())
 }
 
 proptest! {
