@@ -38,14 +38,19 @@ use crate::parallel::parallel_map;
 const PAYERS_PER_MODEL: usize = 8;
 
 /// How much branch and bound the payments of one auction may use: how many binary programs in
-/// all, and how many nodes each. Counted in programs and nodes, not seconds, so that a replay
-/// of the auction takes the same decisions on any machine.
+/// all, how many nodes each, and in components up to which size. Counted in programs, nodes
+/// and columns, not seconds, so that a replay of the auction takes the same decisions on any
+/// machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PaymentBudget {
     /// Binary programs the auction's payments may run together. A program costs about as much
     /// as the PF choice itself, so this bounds the payments' time by a few PF solves.
     pub programs: usize,
     pub branch_and_bound_nodes: u32,
+    /// The largest component, in members times columns, whose payments may run programs; the
+    /// open payments of larger ones fall back. A program over such a component took 0.2-0.6 s
+    /// at 4096 GPUs and decided one payment in a round (BENCHMARKS.md).
+    pub largest_component: usize,
 }
 
 impl Default for PaymentBudget {
@@ -55,6 +60,7 @@ impl Default for PaymentBudget {
         Self {
             programs: DEFAULT_PAYMENT_PROGRAMS,
             branch_and_bound_nodes: 2_000,
+            largest_component: LARGE_COMPONENT,
         }
     }
 }
@@ -227,7 +233,7 @@ pub(super) fn payments(
             }
         }
     }
-    let allotted = allot_programs(&open, budget.programs);
+    let allotted = allot_programs(&open, budget);
     let decided = span.in_scope(|| {
         parallel_map(&allotted, |&(index, programs)| {
             let payment = &open[index];
@@ -272,13 +278,13 @@ fn tally(bidders: usize, settled: Vec<(usize, Payment)>) -> Shares {
     shares
 }
 
-/// Which open payments may run binary programs within `programs` in all, as (index into
-/// `open`, programs allotted): each is allotted the most its bisection can take, most GPUs at
-/// stake first (ties: the narrower LP bracket, then the payer's place in the content order,
-/// never its name), until the budget is spent. Allotting the worst case up front keeps the
-/// choice independent of what the programs find, so the payments can run in parallel and a
-/// replay takes the same decisions.
-fn allot_programs(open: &[OpenPayment], programs: usize) -> Vec<(usize, usize)> {
+/// Which open payments may run binary programs within the budget's programs, as (index into
+/// `open`, programs allotted): each payment of a component no larger than the budget allows is
+/// allotted the most its bisection can take, most GPUs at stake first (ties: the narrower LP
+/// bracket, then the payer's place in the content order, never its name), until the budget is
+/// spent. Allotting the worst case up front keeps the choice independent of what the programs
+/// find, so the payments can run in parallel and a replay takes the same decisions.
+fn allot_programs(open: &[OpenPayment], budget: PaymentBudget) -> Vec<(usize, usize)> {
     let mut order: Vec<usize> = (0..open.len()).collect();
     order.sort_by(|&a, &b| {
         let (a, b) = (&open[a], &open[b]);
@@ -287,12 +293,14 @@ fn allot_programs(open: &[OpenPayment], programs: usize) -> Vec<(usize, usize)> 
             .then(a.bracket.width().total_cmp(&b.bracket.width()))
             .then(a.payer.cmp(&b.payer))
     });
-    let mut left = programs;
+    let mut left = budget.programs;
     order
         .into_iter()
         .map(|index| {
-            let most = open[index].most_programs();
-            let allotted = if most <= left { most } else { 0 };
+            let payment = &open[index];
+            let most = payment.most_programs();
+            let fits = payment.component_size <= budget.largest_component;
+            let allotted = if fits && most <= left { most } else { 0 };
             left -= allotted;
             (index, allotted)
         })
@@ -403,6 +411,8 @@ struct OpenPayment<'a> {
     members: &'a [usize],
     /// The payer's position in `members`.
     position: usize,
+    /// The component's size, in members times columns ([`Relaxation::size`]).
+    component_size: usize,
     starving_served: usize,
     rounding: Rounding,
     bracket: Bracket,
@@ -501,6 +511,7 @@ fn screen_group<'a>(
                 payer,
                 members,
                 position,
+                component_size: relaxation.size(),
                 starving_served,
                 rounding,
                 bracket,
@@ -522,8 +533,8 @@ enum Screened {
 
 /// Screens the payment of the member at `payer` (already excluded from `relaxation`): the LP
 /// bounds the others' optimum above, x* minus the payer (improved by single moves) below. Only
-/// when these bounds leave the GPUs the payer keeps open, and the component is small enough
-/// for a dive to pay ([`DIVE_WORK_LIMIT`]), does a dive from the LP optimum look for a better
+/// when these bounds leave the GPUs the payer keeps open, and the component is not larger than
+/// [`LARGE_COMPONENT`], does a dive from the LP optimum look for a better
 /// lower bound: a dive is a chain of LP re-solves, most of a payment's time.
 fn screen_payment(
     context: &Context,
@@ -552,7 +563,7 @@ fn screen_payment(
         upper: relaxed,
         relaxed,
     };
-    if !optimum.decides(rounding) && relaxation.dive_is_affordable() {
+    if !optimum.decides(rounding) && relaxation.size() <= LARGE_COMPONENT {
         if let Some(dived) = relaxation.dive("payment")? {
             optimum.lower = optimum.lower.max(improved(dived));
         }
@@ -905,15 +916,18 @@ impl Formulation {
     }
 }
 
-/// The largest component, in members times columns, whose payments dive. A dive re-solves the
-/// LP about once per member it settles, each re-solve over every column, and in large
-/// components it almost never decides a payment: measured on the round benchmark
-/// (BENCHMARKS.md), dives decided 29% of the payments they tried at 256 GPUs (20 bidders,
-/// 200-420 columns: 4,000-8,400), 7% at 1024 GPUs (80 bidders, ~1,900 columns: ~150,000) and
-/// 6 of 1,525 at 4096 GPUs (200 bidders, ~5,400 columns: ~1,000,000), where they were 94% of
-/// the screening's time. Counted in the component's size, not in seconds, so that a replay
-/// takes the same decisions on any machine.
-const DIVE_WORK_LIMIT: usize = 50_000;
+/// The largest component, in members times columns, whose open payments dive and, under the
+/// default [`PaymentBudget`], run binary programs; larger ones are settled by the LP screening
+/// alone, and the payments it leaves open fall back. A dive re-solves the LP about once per
+/// member it settles, each re-solve over every column, and in large components it almost
+/// never decides a payment: measured on the round benchmark (BENCHMARKS.md), dives decided
+/// 29% of the payments they tried at 256 GPUs (20 bidders, 200-420 columns: 4,000-8,400),
+/// 7% at 1024 GPUs (80 bidders, ~1,900 columns: ~150,000) and 6 of 1,525 at 4096 GPUs
+/// (200 bidders, ~5,400 columns: ~1,000,000), where they were 94% of the screening's time.
+/// The limit lies between the sizes where they pay and where they do not; no auction of the
+/// simulator's tests (the shipped workloads, the experiments at test scale) comes near it. Counted in the component's size,
+/// not in seconds, so that a replay takes the same decisions on any machine.
+const LARGE_COMPONENT: usize = 100_000;
 
 /// How far from 0 or 1 an LP value may be and still count as integral.
 const INTEGRALITY: f64 = 1e-6;
@@ -1013,11 +1027,10 @@ impl Relaxation {
         })
     }
 
-    /// Whether a dive's expected work, about one LP re-solve over every column per member it
-    /// settles, is within [`DIVE_WORK_LIMIT`].
-    fn dive_is_affordable(&self) -> bool {
-        let members = self.formulation.columns_of.len();
-        members * self.formulation.columns.len() <= DIVE_WORK_LIMIT
+    /// The component's size as its members times its columns: about the work of a dive, one
+    /// LP re-solve over every column per member it settles.
+    fn size(&self) -> usize {
+        self.formulation.columns_of.len() * self.formulation.columns.len()
     }
 
     /// A choice of the binary program found by diving from the last LP optimum: the column

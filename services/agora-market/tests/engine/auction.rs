@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use agora_market::app::AppId;
 use agora_market::auction::{
     run_auction, AppBid, Auction, AuctionError, AuctionOutcome, BidEntry, Offer, OfferedGpu,
-    PaymentBudget, ShareBounds,
+    PaymentBudget, PaymentStats, ShareBounds,
 };
 use agora_market::rho::Rho;
 use agora_market::topology::{GpuId, GpuLocation};
@@ -92,8 +92,9 @@ fn bid(app_id: &str, rho_old: Option<f64>, table: &[(&[&str], f64)]) -> AppBid {
     }
 }
 
-/// The auction with no cap on how many programs its payments run, so that every payment is
-/// exact, which the tests using this check (the cap's fallback has tests of its own).
+/// The auction with no cap on its payments' programs (how many, or in which components), so
+/// that every payment is exact, which the tests using this check (the cap's fallback has tests
+/// of its own).
 fn run(offer: &Offer, bids: &[AppBid], seed: u64) -> AuctionOutcome {
     let auction = Auction::new(offer, bids).expect("valid");
     let pf = auction.proportional_fair().expect("solved");
@@ -106,6 +107,7 @@ fn run(offer: &Offer, bids: &[AppBid], seed: u64) -> AuctionOutcome {
 fn uncapped() -> PaymentBudget {
     PaymentBudget {
         programs: usize::MAX,
+        largest_component: usize::MAX,
         ..PaymentBudget::default()
     }
 }
@@ -1439,22 +1441,29 @@ proptest! {
     }
 }
 
-/// A component whose payments are too large to dive for (docs/mechanism.md): 120 bidders, 30%
-/// of them starving, with 6 entries each over 16 GPUs (in 4 classes, or each its own). Without dives the
-/// screening leaves more payments open, and the programs must still decide them exactly.
+/// A component too large for its payments to dive (docs/mechanism.md): without dives the
+/// screening leaves more payments open, and programs, under no budget, decide them exactly.
 #[test]
 fn payments_too_large_to_dive_for_are_still_exact() {
-    let bidder = (
-        prop::option::weighted(0.7, rho_value()),
-        prop::collection::vec((0u32..1 << 16, rho_value()), 6),
-    )
-        .prop_map(|(rho_old, entries)| BidderSpec { rho_old, entries });
-    let specs = spec_of(16..=16, 4, prop::collection::vec(bidder, 120));
-    let mut runner = TestRunner::deterministic();
-    for _ in 0..2 {
-        let spec = specs.new_tree(&mut runner).expect("generated").current();
+    for spec in large_component_specs() {
         matches_one_milp_per_payment(&spec).unwrap_or_else(|failure| panic!("{failure}"));
     }
+}
+
+/// Two instances of one component above the size at which payments dive and run programs
+/// under the default budget: 160 bidders, 30% of them starving, with 8 entries each over 16
+/// GPUs (in 4 classes, or each its own).
+fn large_component_specs() -> Vec<Spec> {
+    let bidder = (
+        prop::option::weighted(0.7, rho_value()),
+        prop::collection::vec((0u32..1 << 16, rho_value()), 8),
+    )
+        .prop_map(|(rho_old, entries)| BidderSpec { rho_old, entries });
+    let specs = spec_of(16..=16, 4, prop::collection::vec(bidder, 160));
+    let mut runner = TestRunner::deterministic();
+    (0..2)
+        .map(|_| specs.new_tree(&mut runner).expect("generated").current())
+        .collect()
 }
 
 /// The fast path (LP screening, certified payments, shared models, payments bracketed as far
@@ -1534,49 +1543,98 @@ fn matches_one_milp_per_payment(spec: &Spec) -> Result<(), TestCaseError> {
 proptest! {
     #![proptest_config(config())]
 
-    /// With a budget of a few binary programs (none, in a third of the cases), the payments
-    /// run no more programs than it allows, and every payment that the LP, the bracket and the
-    /// programs allotted cannot decide falls back to the LP counterfactual: c_i against the
-    /// reference's LP relaxation of the others' program, never above the exact c_i, so the
-    /// payer never keeps more GPUs than with the exact payment. Every other payment is the
-    /// exact one (or an interval around it).
+    /// See [`falls_back_to_the_lp_counterfactual`]; a budget of a few binary programs (none,
+    /// in a third of the cases).
     #[test]
     fn a_fallback_pays_against_the_lp_relaxation_and_never_keeps_more(
         spec in tie_spec(),
         programs in 0usize..3,
     ) {
-        let (offer, bids) = (spec.offer(), spec.bids());
-        let auction = Auction::new(&offer, &bids).expect("valid");
-        let pf = auction.proportional_fair().expect("solved");
-        let exact = auction.payments_within(&pf, spec.seed, uncapped()).expect("solved");
-        let exact = auction.settle(&pf, &exact);
-        prop_assert!(exact.payment_fallbacks.is_empty());
         let budget = PaymentBudget { programs, ..PaymentBudget::default() };
-        let capped = auction.payments_within(&pf, spec.seed, budget).expect("solved");
-        prop_assert!(capped.stats().programs <= programs, "{:?}", capped.stats());
-        let capped = auction.settle(&pf, &capped);
-        prop_assert_eq!(&capped.pf, &exact.pf);
-        let model = Model::new(&offer, &bids);
-        let reference = Reference { model: &model };
-        let choice = model.choice_of(&exact);
-        for (bidder, model_bidder) in model.bidders.iter().enumerate() {
-            let app = &model_bidder.app;
-            let kept = |outcome: &AuctionOutcome| outcome.allocation[app].len();
-            prop_assert!(kept(&capped) <= kept(&exact), "{} keeps more after a fallback", app);
-            if !capped.payment_fallbacks.contains(app) {
-                prop_assert_eq!(kept(&capped), kept(&exact));
-                continue;
-            }
-            let others: Vec<usize> =
-                reference.component_of(bidder).into_iter().filter(|&b| b != bidder).collect();
-            let served = others.iter().filter(|&&b| model.is_starving(b) && choice[b].is_some()).count();
-            let with_payer = welfare_of(&model, &choice, &others);
-            let lp_share = (with_payer - reference.relaxed_welfare(&others, served)).exp();
-            assert_close(capped.c[app], lp_share, 1e-6, "c against the LP counterfactual");
-            let exact_share = (with_payer - reference.best_welfare(&others, served)).exp();
-            prop_assert!(capped.c[app] <= exact_share + 1e-9, "{}: {} above the exact {}", app, capped.c[app], exact_share);
-        }
+        falls_back_to_the_lp_counterfactual(&spec, budget)?;
     }
+}
+
+/// A component larger than the default budget allows programs for (docs/mechanism.md) runs
+/// none: the payments the LP screening leaves open pay against the LP counterfactual.
+#[test]
+fn payments_of_a_component_too_large_for_programs_fall_back() {
+    let mut fell_back = 0;
+    for spec in large_component_specs() {
+        let stats = falls_back_to_the_lp_counterfactual(&spec, PaymentBudget::default())
+            .unwrap_or_else(|failure| panic!("{failure}"));
+        assert_eq!(stats.programs, 0, "{stats:?}");
+        fell_back += stats.fallbacks;
+    }
+    assert!(fell_back > 0, "no payment was left open by the screening");
+}
+
+/// Under `budget`, the payments run no more programs than it allows, and every payment that
+/// the LP, the bracket and the programs allotted cannot decide falls back to the LP
+/// counterfactual: c_i against the reference's LP relaxation of the others' program, never
+/// above the exact c_i, so the payer never keeps more GPUs than with the exact payment. Every
+/// other payment is the exact one (or an interval around it). Returns the payments' stats.
+fn falls_back_to_the_lp_counterfactual(
+    spec: &Spec,
+    budget: PaymentBudget,
+) -> Result<PaymentStats, TestCaseError> {
+    let (offer, bids) = (spec.offer(), spec.bids());
+    let auction = Auction::new(&offer, &bids).expect("valid");
+    let pf = auction.proportional_fair().expect("solved");
+    let exact = auction
+        .payments_within(&pf, spec.seed, uncapped())
+        .expect("solved");
+    let exact = auction.settle(&pf, &exact);
+    prop_assert!(exact.payment_fallbacks.is_empty());
+    let capped = auction
+        .payments_within(&pf, spec.seed, budget)
+        .expect("solved");
+    let stats = capped.stats();
+    prop_assert!(stats.programs <= budget.programs, "{:?}", stats);
+    let capped = auction.settle(&pf, &capped);
+    prop_assert_eq!(&capped.pf, &exact.pf);
+    let model = Model::new(&offer, &bids);
+    let reference = Reference { model: &model };
+    let choice = model.choice_of(&exact);
+    for (bidder, model_bidder) in model.bidders.iter().enumerate() {
+        let app = &model_bidder.app;
+        let kept = |outcome: &AuctionOutcome| outcome.allocation[app].len();
+        prop_assert!(
+            kept(&capped) <= kept(&exact),
+            "{} keeps more after a fallback",
+            app
+        );
+        if !capped.payment_fallbacks.contains(app) {
+            prop_assert_eq!(kept(&capped), kept(&exact));
+            continue;
+        }
+        let others: Vec<usize> = reference
+            .component_of(bidder)
+            .into_iter()
+            .filter(|&b| b != bidder)
+            .collect();
+        let served = others
+            .iter()
+            .filter(|&&b| model.is_starving(b) && choice[b].is_some())
+            .count();
+        let with_payer = welfare_of(&model, &choice, &others);
+        let lp_share = (with_payer - reference.relaxed_welfare(&others, served)).exp();
+        assert_close(
+            capped.c[app],
+            lp_share,
+            1e-6,
+            "c against the LP counterfactual",
+        );
+        let exact_share = (with_payer - reference.best_welfare(&others, served)).exp();
+        prop_assert!(
+            capped.c[app] <= exact_share + 1e-9,
+            "{}: {} above the exact {}",
+            app,
+            capped.c[app],
+            exact_share
+        );
+    }
+    Ok(stats)
 }
 
 proptest! {
