@@ -1376,6 +1376,21 @@ impl Reference<'_> {
         solved.objective_value()
     }
 
+    /// The other bidders of `bidder`'s conflict component, and how many starving ones among
+    /// them `choice` serves: the count its payment holds fixed.
+    fn others_of(&self, bidder: usize, choice: &Choice) -> (Vec<usize>, usize) {
+        let others: Vec<usize> = self
+            .component_of(bidder)
+            .into_iter()
+            .filter(|&b| b != bidder)
+            .collect();
+        let served = others
+            .iter()
+            .filter(|&&b| self.model.is_starving(b) && choice[b].is_some())
+            .count();
+        (others, served)
+    }
+
     /// The bidders linked to `bidder` through classes that some choice could over-subscribe
     /// (the total of every bidder's largest eligible count exceeds the capacity).
     fn component_of(&self, bidder: usize) -> Vec<usize> {
@@ -1494,15 +1509,7 @@ fn matches_one_milp_per_payment(spec: &Spec) -> Result<(), TestCaseError> {
         let expected = if pf[bidder].is_none() {
             1.0
         } else {
-            let others: Vec<usize> = reference
-                .component_of(bidder)
-                .into_iter()
-                .filter(|&b| b != bidder)
-                .collect();
-            let served = others
-                .iter()
-                .filter(|&&b| model.is_starving(b) && pf[b].is_some())
-                .count();
+            let (others, served) = reference.others_of(bidder, &pf);
             (welfare_of(&model, &pf, &others) - reference.best_welfare(&others, served)).exp()
         };
         let app = &model_bidder.app;
@@ -1608,15 +1615,7 @@ fn falls_back_to_the_lp_counterfactual(
             prop_assert_eq!(kept(&capped), kept(&exact));
             continue;
         }
-        let others: Vec<usize> = reference
-            .component_of(bidder)
-            .into_iter()
-            .filter(|&b| b != bidder)
-            .collect();
-        let served = others
-            .iter()
-            .filter(|&&b| model.is_starving(b) && choice[b].is_some())
-            .count();
+        let (others, served) = reference.others_of(bidder, &choice);
         let with_payer = welfare_of(&model, &choice, &others);
         let lp_share = (with_payer - reference.relaxed_welfare(&others, served)).exp();
         assert_close(
