@@ -17,7 +17,8 @@
 //!   and when every share in the bracket keeps the same GPUs, no binary program runs;
 //! - otherwise binary programs decide, one rounding threshold at a time, whether the others'
 //!   optimum without the payer exceeds it (a cut-off search that stops at the first better
-//!   solution), within a deterministic budget of branch-and-bound nodes ([`PaymentBudget`]);
+//!   solution), within a deterministic budget of programs and branch-and-bound nodes, and only
+//!   in components up to a fixed size ([`PaymentBudget`]);
 //!   past it, the payer pays against the LP relaxation (the LP counterfactual, never less
 //!   than the exact payment) and is reported as a fallback (docs/mechanism.md);
 //! - the groups of payers, and the components' PF programs, run in parallel, one HiGHS thread
@@ -534,8 +535,8 @@ enum Screened {
 /// Screens the payment of the member at `payer` (already excluded from `relaxation`): the LP
 /// bounds the others' optimum above, x* minus the payer (improved by single moves) below. Only
 /// when these bounds leave the GPUs the payer keeps open, and the component is not larger than
-/// [`LARGE_COMPONENT`], does a dive from the LP optimum look for a better
-/// lower bound: a dive is a chain of LP re-solves, most of a payment's time.
+/// [`LARGE_COMPONENT`], does a dive from the LP optimum look for a better lower bound: a dive
+/// is a chain of LP re-solves, most of a payment's time.
 fn screen_payment(
     context: &Context,
     relaxation: &mut Relaxation,
@@ -925,8 +926,9 @@ impl Formulation {
 /// 7% at 1024 GPUs (80 bidders, ~1,900 columns: ~150,000) and 6 of 1,525 at 4096 GPUs
 /// (200 bidders, ~5,400 columns: ~1,000,000), where they were 94% of the screening's time.
 /// The limit lies between the sizes where they pay and where they do not; no auction of the
-/// simulator's tests (the shipped workloads, the experiments at test scale) comes near it. Counted in the component's size,
-/// not in seconds, so that a replay takes the same decisions on any machine.
+/// simulator's tests (the shipped workloads, the experiments at test scale) comes near it.
+/// Counted in the component's size, not in seconds, so that a replay takes the same decisions
+/// on any machine.
 const LARGE_COMPONENT: usize = 100_000;
 
 /// How far from 0 or 1 an LP value may be and still count as integral.
