@@ -758,7 +758,7 @@ fn improve<W: Fn(usize, usize) -> f64>(
     weight: W,
 ) -> Vec<Option<usize>> {
     let mut search = LocalSearch::new(context, members, choice, excluded, weight);
-    while search.single_moves() || search.ejection() {}
+    while search.single_moves() || search.ejections() {}
     search.choice
 }
 
@@ -774,6 +774,12 @@ struct LocalSearch<'s, W> {
     weight: W,
     choice: Vec<Option<usize>>,
     usage: Usage<'s>,
+    /// The positions whose option takes GPUs of each class: the only members an ejection
+    /// for that class can move (scanning every member made ejections the bulk of a 4096-GPU
+    /// round's payments).
+    holders: Vec<Vec<usize>>,
+    /// Each position's best weight over all its options, free or not.
+    best_gain: Vec<f64>,
 }
 
 impl<'s, W: Fn(usize, usize) -> f64> LocalSearch<'s, W> {
@@ -791,7 +797,16 @@ impl<'s, W: Fn(usize, usize) -> f64> LocalSearch<'s, W> {
             weight,
             choice: vec![None; members.len()],
             usage: Usage::new(context),
+            holders: vec![Vec::new(); context.instance.capacity.len()],
+            best_gain: Vec::with_capacity(members.len()),
         };
+        search.best_gain = (0..members.len())
+            .map(|position| {
+                let gains =
+                    (0..search.option_count(position)).map(|o| search.gain(position, Some(o)));
+                gains.fold(0.0, f64::max)
+            })
+            .collect();
         for (position, option) in choice.into_iter().enumerate() {
             search.hold(position, option);
         }
@@ -825,14 +840,21 @@ impl<'s, W: Fn(usize, usize) -> f64> LocalSearch<'s, W> {
 
     /// Frees the GPUs of `position`'s option (its choice is left for the caller to set).
     fn release(&mut self, position: usize) {
-        self.usage
-            .free(self.counts(position, self.choice[position]));
+        let counts = self.counts(position, self.choice[position]);
+        self.usage.free(counts);
+        for &(class, _) in counts {
+            self.holders[class].retain(|&holder| holder != position);
+        }
     }
 
     /// Sets `position`'s option, whose GPUs must be free.
     fn hold(&mut self, position: usize, option: Option<usize>) {
         self.choice[position] = option;
-        self.usage.take(self.counts(position, option));
+        let counts = self.counts(position, option);
+        self.usage.take(counts);
+        for &(class, _) in counts {
+            self.holders[class].push(position);
+        }
     }
 
     /// The best of `position`'s options that fits in the GPUs free (the last of equals).
@@ -863,24 +885,27 @@ impl<'s, W: Fn(usize, usize) -> f64> LocalSearch<'s, W> {
         moved
     }
 
-    /// Makes the first ejection that improves the choice's worth (by more than the programs'
-    /// tolerance, so that no sequence of moves cycles); whether there was one.
-    fn ejection(&mut self) -> bool {
+    /// One pass of ejections, each improving the choice's worth by more than the programs'
+    /// tolerance (so that no sequence of moves cycles); whether any was made.
+    fn ejections(&mut self) -> bool {
+        let mut moved = false;
         for position in 0..self.members.len() {
             if !self.movable(position) {
                 continue;
             }
             let current = self.choice[position];
             self.release(position);
-            if let Some((option, other, replacement)) = self.ejection_for(position, current) {
-                self.release(other);
-                self.hold(position, Some(option));
-                self.hold(other, replacement);
-                return true;
+            match self.ejection_for(position, current) {
+                Some((option, other, replacement)) => {
+                    self.release(other);
+                    self.hold(position, Some(option));
+                    self.hold(other, replacement);
+                    moved = true;
+                }
+                None => self.hold(position, current),
             }
-            self.hold(position, current);
         }
-        false
+        moved
     }
 
     /// For `position` (released, formerly holding `current`): a better option, the one member
@@ -900,29 +925,31 @@ impl<'s, W: Fn(usize, usize) -> f64> LocalSearch<'s, W> {
             let Some(first_overfull) = self.usage.overfull(wanted) else {
                 continue;
             };
-            for other in 0..self.members.len() {
+            let mut in_the_way = self.holders[first_overfull].clone();
+            // In position order, whatever order the moves left them in.
+            in_the_way.sort_unstable();
+            for other in in_the_way {
                 let held = self.choice[other];
-                let holds_it = self
-                    .counts(other, held)
-                    .iter()
-                    .any(|&(class, _)| class == first_overfull);
-                if other == position || !holds_it {
+                let held_gain = self.gain(other, held);
+                // Not even `other`'s best option could make up for what it gives up.
+                if option_gain - current_gain + self.best_gain[other] - held_gain
+                    <= OBJECTIVE_TOLERANCE
+                {
                     continue;
                 }
-                self.release(other);
-                if !self.usage.fits(wanted) {
-                    self.hold(other, held);
-                    continue;
+                let held_counts = self.counts(other, held);
+                self.usage.free(held_counts);
+                let makes_room = self.usage.fits(wanted);
+                let mut replacement = None;
+                if makes_room {
+                    self.usage.take(wanted);
+                    replacement = self.best_fitting(other);
+                    self.usage.free(wanted);
                 }
-                self.hold(position, Some(option));
-                let replacement = self.best_fitting(other);
-                self.release(position);
-                self.choice[position] = None;
-                self.hold(other, held);
+                self.usage.take(held_counts);
                 let gives_way = replacement.is_some() || !self.is_starving(other);
-                let gain = option_gain - current_gain + self.gain(other, replacement)
-                    - self.gain(other, held);
-                if gives_way && gain > OBJECTIVE_TOLERANCE {
+                let gain = option_gain - current_gain + self.gain(other, replacement) - held_gain;
+                if makes_room && gives_way && gain > OBJECTIVE_TOLERANCE {
                     return Some((option, other, replacement));
                 }
             }
