@@ -580,12 +580,26 @@ fn screen_payment(
     let gain = |member, option| context.instance.gain(member, option);
     let improved =
         |start: Vec<Option<usize>>| worth(&improve(context, members, start, Some(payer), gain));
+    // Single moves first: they settle many payments, and ejections cost about ten times as
+    // much (a millisecond a pass at 4096 GPUs), so they run only where the bracket needs them.
+    let mut polished = LocalSearch::new(
+        context,
+        members,
+        pf_without_payer.to_vec(),
+        Some(payer),
+        gain,
+    );
+    while polished.single_moves() {}
     let mut optimum = Bracket {
         with_payer,
-        lower: improved(pf_without_payer.to_vec()).max(with_payer),
+        lower: worth(&polished.choice).max(with_payer),
         upper: relaxed,
         relaxed,
     };
+    if !optimum.decides(rounding) {
+        polished.settle();
+        optimum.lower = optimum.lower.max(worth(&polished.choice));
+    }
     if !optimum.decides(rounding) {
         let rounded = relaxation.formulation.rounded(
             context,
@@ -758,7 +772,7 @@ fn improve<W: Fn(usize, usize) -> f64>(
     weight: W,
 ) -> Vec<Option<usize>> {
     let mut search = LocalSearch::new(context, members, choice, excluded, weight);
-    while search.single_moves() || search.ejections() {}
+    search.settle();
     search.choice
 }
 
@@ -865,6 +879,11 @@ impl<'s, W: Fn(usize, usize) -> f64> LocalSearch<'s, W> {
                 self.gain(position, Some(a))
                     .total_cmp(&self.gain(position, Some(b)))
             })
+    }
+
+    /// Makes moves of both kinds until none improves.
+    fn settle(&mut self) {
+        while self.single_moves() || self.ejections() {}
     }
 
     /// One pass of single moves; whether any member moved.
