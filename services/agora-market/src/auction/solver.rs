@@ -886,45 +886,48 @@ impl<'s, W: Fn(usize, usize) -> f64> LocalSearch<'s, W> {
         while self.single_moves() || self.ejections() {}
     }
 
-    /// One pass of single moves; whether any member moved.
-    fn single_moves(&mut self) -> bool {
+    /// One pass over the movable members: each is released and offered to `make_move`, which
+    /// holds it again (in its option or a better one) and says whether it moved.
+    fn pass(&mut self, make_move: fn(&mut Self, usize, Option<usize>) -> bool) -> bool {
         let mut moved = false;
         for position in 0..self.members.len() {
-            if !self.movable(position) {
-                continue;
+            if self.movable(position) {
+                let current = self.choice[position];
+                self.release(position);
+                moved |= make_move(self, position, current);
             }
-            let current = self.choice[position];
-            self.release(position);
-            let better = self
-                .best_fitting(position)
-                .filter(|&best| self.gain(position, Some(best)) > self.gain(position, current));
-            moved |= better.is_some();
-            self.hold(position, better.or(current));
         }
         moved
+    }
+
+    /// One pass of single moves; whether any member moved.
+    fn single_moves(&mut self) -> bool {
+        self.pass(Self::single_move)
+    }
+
+    fn single_move(&mut self, position: usize, current: Option<usize>) -> bool {
+        let better = self
+            .best_fitting(position)
+            .filter(|&best| self.gain(position, Some(best)) > self.gain(position, current));
+        self.hold(position, better.or(current));
+        better.is_some()
     }
 
     /// One pass of ejections, each improving the choice's worth by more than the programs'
     /// tolerance (so that no sequence of moves cycles); whether any was made.
     fn ejections(&mut self) -> bool {
-        let mut moved = false;
-        for position in 0..self.members.len() {
-            if !self.movable(position) {
-                continue;
-            }
-            let current = self.choice[position];
-            self.release(position);
-            match self.ejection_for(position, current) {
-                Some((option, other, replacement)) => {
-                    self.release(other);
-                    self.hold(position, Some(option));
-                    self.hold(other, replacement);
-                    moved = true;
-                }
-                None => self.hold(position, current),
-            }
-        }
-        moved
+        self.pass(Self::ejection)
+    }
+
+    fn ejection(&mut self, position: usize, current: Option<usize>) -> bool {
+        let Some((option, other, replacement)) = self.ejection_for(position, current) else {
+            self.hold(position, current);
+            return false;
+        };
+        self.release(other);
+        self.hold(position, Some(option));
+        self.hold(other, replacement);
+        true
     }
 
     /// For `position` (released, formerly holding `current`): a better option, the one member
