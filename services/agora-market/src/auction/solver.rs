@@ -804,6 +804,13 @@ impl<'s, W: Fn(usize, usize) -> f64> LocalSearch<'s, W> {
         excluded: Option<usize>,
         weight: W,
     ) -> Self {
+        let best_gain = members
+            .iter()
+            .map(|&member| {
+                let options = context.instance.bidders[member].options.len();
+                (0..options).map(|o| weight(member, o)).fold(0.0, f64::max)
+            })
+            .collect();
         let mut search = Self {
             context,
             members,
@@ -812,15 +819,8 @@ impl<'s, W: Fn(usize, usize) -> f64> LocalSearch<'s, W> {
             choice: vec![None; members.len()],
             usage: Usage::new(context),
             holders: vec![Vec::new(); context.instance.capacity.len()],
-            best_gain: Vec::with_capacity(members.len()),
+            best_gain,
         };
-        search.best_gain = (0..members.len())
-            .map(|position| {
-                let gains =
-                    (0..search.option_count(position)).map(|o| search.gain(position, Some(o)));
-                gains.fold(0.0, f64::max)
-            })
-            .collect();
         for (position, option) in choice.into_iter().enumerate() {
             search.hold(position, option);
         }
@@ -1167,8 +1167,7 @@ impl Formulation {
     /// See [`Screening::reach`]. For an LP optimum z, every feasible x is worth at most
     /// z + sum_j d_j (x_j - x*_j) with the reduced costs d_j (<= 0 at a lower bound of a
     /// maximum), so a column at 0 taken at 1 costs at least |d_j|.
-    fn reach(&self, solved: &highs::SolvedModel, bound: f64) -> Vec<Vec<f64>> {
-        let solution = solved.get_solution();
+    fn reach(&self, solution: &highs::Solution, bound: f64) -> Vec<Vec<f64>> {
         let mut reach: Vec<Vec<f64>> = self
             .columns_of
             .iter()
@@ -1306,16 +1305,18 @@ impl Relaxation {
             .expect("the model is back after every solve");
         let solved = solved_optimal(model, program)?;
         let bound = solved.objective_value();
+        // `get_solution` copies every vector of the solution: once per solve.
+        let solution = solved.get_solution();
         let choice = self
             .formulation
-            .integral_choice(solved.get_solution().columns(), bound)
+            .integral_choice(solution.columns(), bound)
             .or_else(|| {
                 known
                     .filter(|known| self.formulation.attains(known, bound))
                     .map(<[Option<usize>]>::to_vec)
             });
-        let reach = self.formulation.reach(&solved, bound);
-        let values = solved.get_solution().columns().to_vec();
+        let reach = self.formulation.reach(&solution, bound);
+        let values = solution.columns().to_vec();
         self.model = Some(Model::from(solved));
         Ok(Screening {
             choice,
