@@ -792,7 +792,8 @@ struct LocalSearch<'s, W> {
     /// for that class can move (scanning every member made ejections the bulk of a 4096-GPU
     /// round's payments).
     holders: Vec<Vec<usize>>,
-    /// Each position's best weight over all its options, free or not.
+    /// Each position's best weight over all its options, free or not, and taking nothing
+    /// (0): what it could at most get back after giving way.
     best_gain: Vec<f64>,
 }
 
