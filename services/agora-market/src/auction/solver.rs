@@ -1506,8 +1506,9 @@ impl Program {
         let mut model = self.model();
         // Measured on the auction benchmark's identical instances (BENCHMARKS.md): without
         // these two sub-MIP heuristics the PF programs took 42% less time in all on
-        // `starving` and 22% less on `aligned`, the same at 256 and 4096 GPUs. (The payment
-        // programs keep them: there the same switch was as often slower as faster.)
+        // `starving` and 22% less on `aligned`, and no more on the round benchmark's 256- and
+        // 4096-GPU programs. (The payment programs keep them: there the same switch was as
+        // often slower as faster.)
         model.set_option("mip_heuristic_run_rins", false);
         model.set_option("mip_heuristic_run_rens", false);
         let solved = solved_optimal(model, program)?;
