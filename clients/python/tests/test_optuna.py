@@ -12,6 +12,7 @@ import pytest
 
 from agora_client import Client, Unauthorized, Unprocessable, models
 from agora_client.optuna import RUNS_ATTR, AgoraTrial, StudyResult, app_spec, run_study
+from agora_client.trials import Checkpoints, GpuSlot, TrialRun, search_spec
 
 from conftest import Server
 
@@ -228,6 +229,29 @@ def test_two_tenants_studies_share_the_cluster_and_both_finish(server: Server, a
         f"SELECT count(*) AS held FROM leases l, apps a WHERE a.id = {speech.id} AND l.app_id = {vision.id} "
         f"AND l.start_at <= a.arrived_at AND coalesce(l.ended_at, l.end_at) > a.arrived_at"
     ) != [{"held": 0}]
+
+
+def test_a_trial_whose_last_step_finished_the_app_completes_without_another_report(
+    server: Server, tenant: Client, tmp_path: Any
+) -> None:
+    # The app's only job reaches its last iteration as its lease runs out: the step's report
+    # ends the job, so the arbiter finishes the app; the trial neither stops for the lease
+    # (there is no next step) nor reports its completion again (the app refuses progress now).
+    spec = search_spec(n_trials=1, max_iterations=2, seconds_per_iteration=0.1, halving=None)
+    app = tenant.register_app(models.RegisterApp(name="last-step", app=spec))
+    gpu = models.LeasedGpu(id="gpu-0", host="host-0", cuda_uuid="GPU-0", gpu_type="h100")
+    now = [0.0]
+    slot = GpuSlot(1, gpu, deadline=10.0)
+    run = TrialRun(tenant, app.id, "trial-0", 2, slot, Checkpoints(tmp_path), clock=lambda: now[0])
+    now[0] = 1.0
+    run.step(1, checkpoint="epoch 1")
+    now[0] = 9.5  # Another step of 8.5 s would outlast the lease.
+    run.step(2, checkpoint="epoch 2")
+    assert tenant.get_app(app.id).finished_at is not None
+    run.complete()
+    assert server.query(f"SELECT stopped, completed_iterations FROM jobs WHERE app_id = {app.id}") == [
+        {"stopped": False, "completed_iterations": 2}
+    ]
 
 
 def test_the_pruner_decides_the_apps_shape() -> None:

@@ -251,15 +251,14 @@ class _Runner:
         if isinstance(failure, LeaseEnding):
             return "preempted"
         if isinstance(failure, optuna.TrialPruned):
-            run.report(stopped=True)
+            run.stop()
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         elif failure is not None:
-            run.report(stopped=True)
+            run.stop()
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise failure
         else:
-            run.iterations = self.max_iterations
-            run.report(stopped=False)
+            run.complete()
             self.study.tell(trial, value)
         return "told"
 

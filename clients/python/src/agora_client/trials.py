@@ -192,6 +192,8 @@ class TrialRun:
     `step()` after each unit of work (an epoch, say) with the iterations done so far and a
     checkpoint. `step` saves the checkpoint, reports progress to the arbiter, and raises
     `LeaseEnding` when the lease would end before another step of the same length could finish.
+    The runner ends the job with `complete()` once the objective returns, or `stop()` once it
+    was pruned or failed.
     """
 
     client: Client
@@ -206,6 +208,7 @@ class TrialRun:
     _last_step_at: float = field(default=0.0)
     _last_report_at: float = field(default=float("-inf"))
     _finished_at: float | None = None
+    _ended_on_arbiter: bool = False
     iterations: int = 0
 
     def __post_init__(self) -> None:
@@ -245,7 +248,8 @@ class TrialRun:
         self.checkpoints.save(self.job, iterations, checkpoint)
         self.iterations, self._last_step_at = iterations, now
         # The arbiter hears of the last step before a stop, so that its plan starts from there.
-        ending = self.slot.deadline - now < step_seconds * 1.5 + 0.2
+        # A trial that has done all its iterations has no next step to stop before.
+        ending = iterations < self.total_iterations and self.slot.deadline - now < step_seconds * 1.5 + 0.2
         if ending or now - self._last_report_at >= self.progress_interval:
             observed = None
             if done_now > 0 and step_seconds > 0:
@@ -261,7 +265,24 @@ class TrialRun:
         """Tells the arbiter how far the trial is (and whether it was stopped early)."""
         self._last_report_at = self.clock()
         progress = models.JobProgress(self.job, self.iterations, stopped=stopped, observed=observed)
-        return self.client.report_progress(self.app, [progress])
+        ack = self.client.report_progress(self.app, [progress])
+        self._ended_on_arbiter = stopped or self.iterations == self.total_iterations
+        return ack
+
+    def complete(self) -> None:
+        """The objective returned: the job is done, all its iterations."""
+        self.iterations = self.total_iterations
+        self._end(stopped=False)
+
+    def stop(self) -> None:
+        """The trial was pruned or failed: the job stops at the iterations done."""
+        self._end(stopped=True)
+
+    def _end(self, *, stopped: bool) -> None:
+        # A job the arbiter already heard end must not be reported again: if it was the app's
+        # last, the arbiter has finished the app and refuses further progress.
+        if not self._ended_on_arbiter:
+            self.report(stopped=stopped)
 
     def finish(self) -> None:
         """The attempt is over: the objective returned or raised."""

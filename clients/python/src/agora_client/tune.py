@@ -110,11 +110,9 @@ class AgoraBroker:
             self._gpus.give_back(slot)
 
     def trial_completed(self, trial_id: str) -> None:
-        """The trainable returned: its job is done."""
+        """The trainable returned and its run reported the job done: Tune's end of the trial
+        reports nothing more."""
         self._completed.add(trial_id)
-        self._client.report_progress(
-            self._app, [models.JobProgress(self._jobs[trial_id], self._max_iterations)]
-        )
 
     def trial_ended(self, trial_id: str, iterations: int) -> None:
         """Tune ended the trial: its GPU goes back, and unless the trainable returned, the job is
@@ -280,6 +278,7 @@ def _on_leased_gpus(
                     continue
                 finally:
                     ray.get(broker.give_back.remote(trial_id))
+                run.complete()
                 ray.get(broker.trial_completed.remote(trial_id))
                 return
 
