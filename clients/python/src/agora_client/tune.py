@@ -28,6 +28,7 @@ are reported to the arbiter as stopped early.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -98,7 +99,7 @@ class AgoraBroker:
         if slot is None:
             return None
         self._held[trial_id] = slot
-        return slot.lease, {"id": slot.gpu.id, "host": slot.gpu.host, "cuda_uuid": slot.gpu.cuda_uuid}
+        return slot.lease, dataclasses.asdict(slot.gpu)
 
     def deadline(self, trial_id: str) -> float:
         return self._held[trial_id].deadline
