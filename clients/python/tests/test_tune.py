@@ -12,8 +12,9 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray import tune  # noqa: E402
 
-from agora_client import Client  # noqa: E402
-from agora_client.tune import AgoraTuneTrial, run_tune  # noqa: E402
+from agora_client import Client, Conflict, models  # noqa: E402
+from agora_client.trials import search_spec  # noqa: E402
+from agora_client.tune import AgoraBroker, AgoraTuneTrial, run_tune  # noqa: E402
 
 from conftest import Server  # noqa: E402
 
@@ -92,3 +93,23 @@ def test_an_asha_search_runs_on_leases_and_its_progress_is_stored(
     assert any(len(final["runs"]) > 1 for final in finals), "no trial outlived a lease"
     with Client(server.url, tenant_token) as client:
         assert client.get_app(app.id).finished_at is not None
+
+
+def test_tune_ending_a_trial_whose_last_step_finished_the_app_reports_nothing_more(
+    server: Server, tenant_token: str
+) -> None:
+    # The trainable's last step reported the app's only job done, and the arbiter finished the
+    # app; Tune stopped the trial before the trainable returned, so the broker hears of its end.
+    spec = search_spec(n_trials=1, max_iterations=2, seconds_per_iteration=0.1, halving=None)
+    with Client(server.url, tenant_token) as client:
+        app = client.register_app(models.RegisterApp(name="last-step", app=spec))
+        broker = AgoraBroker(server.url, tenant_token, app.id, max_iterations=2, min_time_left=1.0)
+        try:
+            assert broker.job_of("tune-trial") == "trial-0"
+            assert client.report_progress(app.id, [models.JobProgress("trial-0", 2)]).finished
+            broker.trial_ended("tune-trial", 2)
+            # A stop short of the end would be news: the finished app's refusal is not hidden.
+            with pytest.raises(Conflict, match="not active"):
+                broker.trial_ended("tune-trial", 1)
+        finally:
+            broker.stop()

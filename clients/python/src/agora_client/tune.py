@@ -123,7 +123,14 @@ class AgoraBroker:
         job = self._jobs.get(trial_id)
         if job is not None and trial_id not in self._completed:
             stopped = iterations < self._max_iterations
-            self._client.report_progress(self._app, [models.JobProgress(job, iterations, stopped=stopped)])
+            progress = models.JobProgress(job, iterations, stopped=stopped)
+            try:
+                self._client.report_progress(self._app, [progress])
+            except Conflict as refused:
+                # Tune may stop the trainable after its last step's report ended the job and, if
+                # it was the app's last, the app: then the job has nothing left to report.
+                if stopped or refused.code != "app_not_active":
+                    raise
 
     def stop(self) -> None:
         self._gpus.stop()
