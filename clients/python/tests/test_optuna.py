@@ -5,6 +5,7 @@ leases matches the study."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -232,7 +233,7 @@ def test_two_tenants_studies_share_the_cluster_and_both_finish(server: Server, a
 
 
 def test_a_trial_whose_last_step_finished_the_app_completes_without_another_report(
-    server: Server, tenant: Client, tmp_path: Any
+    server: Server, tenant: Client, tmp_path: Path
 ) -> None:
     # The app's only job reaches its last iteration as its lease runs out: the step's report
     # ends the job, so the arbiter finishes the app; the trial neither stops for the lease
