@@ -156,6 +156,20 @@ impl App {
         Ok(slowdowns)
     }
 
+    /// Whether the app already took `reports`: they are valid and move no job's progress, as
+    /// when a report is sent again after its answer was lost. The measurements they carry are
+    /// not compared; the app took them the first time.
+    pub fn already_took(&self, reports: &[JobProgress]) -> bool {
+        let progress = |app: &App| -> Vec<(u64, bool)> {
+            app.jobs()
+                .into_iter()
+                .map(|job| (job.completed_iterations, job.stopped))
+                .collect()
+        };
+        let mut after = self.clone();
+        after.apply_progress(reports).is_ok() && progress(&after) == progress(self)
+    }
+
     fn job_mut(&mut self, id: &str) -> Option<&mut Job> {
         match &mut self.kind {
             AppKind::SingleJob { job, .. } => (job.id == id).then_some(job),
@@ -313,6 +327,40 @@ mod tests {
         ] {
             assert!(app.apply_progress(&bad).is_err());
             assert_eq!(app, before);
+        }
+    }
+
+    #[test]
+    fn a_report_sent_again_was_already_taken_and_any_other_was_not() {
+        let mut app = single(100);
+        let last = JobProgress {
+            observed: Some(ObservedIterations {
+                locality: Locality::SameSlot,
+                gpus: 2,
+                seconds_per_iteration: 1.0,
+            }),
+            ..report("j", 100)
+        };
+        assert!(!app.already_took(std::slice::from_ref(&last)));
+        app.apply_progress(std::slice::from_ref(&last))
+            .expect("valid");
+        assert!(app.is_finished());
+        assert!(app.already_took(std::slice::from_ref(&last)));
+        assert!(
+            app.already_took(&[report("j", 100)]),
+            "without the measurement"
+        );
+        let stopped = JobProgress {
+            stopped: true,
+            ..report("j", 100)
+        };
+        for other in [
+            vec![stopped],
+            vec![report("j", 99)],
+            vec![report("j", 101)],
+            vec![report("j", 100), report("nope", 1)],
+        ] {
+            assert!(!app.already_took(&other), "{other:?}");
         }
     }
 

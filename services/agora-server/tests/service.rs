@@ -647,6 +647,55 @@ async fn a_restart_leaves_every_apps_rho_as_it_was() {
     restarted.running.stop().await;
 }
 
+/// The report that finished an app, sent again (a retry after a lost answer, also one that
+/// arrives while the first is still being committed), is answered as the first was and stored
+/// once; a report the finished app did not take is still refused; finishing it is a no-op.
+#[actix_web::test]
+async fn the_report_that_finished_an_app_may_be_sent_again() {
+    let database = fresh_database().await;
+    let service = serve(&config(&database), start_clock()).await;
+    let vision = service.tenant("vision").await;
+    let app = service.register(&vision, "tuner", "agent", 2, 1_000).await;
+    let path = format!("/v1/apps/{app}/progress");
+    let last = json!({ "jobs": [{ "job": "j0", "completed_iterations": 1000 },
+                                { "job": "j1", "completed_iterations": 600, "stopped": true }] });
+    let (first, racing) = tokio::join!(
+        service.call("POST", &path, &vision, Some(last.clone())),
+        service.call("POST", &path, &vision, Some(last.clone())),
+    );
+    let later = service.call("POST", &path, &vision, Some(last)).await;
+    for (status, body) in [first, racing, later] {
+        assert_eq!(
+            (status, body["finished"].clone()),
+            (200, json!(true)),
+            "{body}"
+        );
+    }
+    for not_taken in [
+        json!({ "jobs": [{ "job": "j0", "completed_iterations": 999 }] }),
+        json!({ "jobs": [{ "job": "j1", "completed_iterations": 700, "stopped": true }] }),
+        json!({ "jobs": [{ "job": "j2", "completed_iterations": 1 }] }),
+    ] {
+        let (status, body) = service.call("POST", &path, &vision, Some(not_taken)).await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (409, Some("app_not_active")),
+            "{body}"
+        );
+    }
+    let (reports,): (i64,) = sqlx::query_as("SELECT count(*) FROM job_progress WHERE app_id = $1")
+        .bind(app)
+        .fetch_one(service.running.store.pool())
+        .await
+        .expect("progress rows");
+    assert_eq!(reports, 2, "the finishing report, once");
+    let (status, body) = service
+        .call("POST", &format!("/v1/apps/{app}/finish"), &vision, None)
+        .await;
+    assert_eq!(status, 204, "an app that finished stays finished: {body}");
+    service.running.stop().await;
+}
+
 /// When a lease ends and nobody worse off wants its GPUs, its app renews onto the same GPUs:
 /// its jobs keep running where they run.
 #[actix_web::test]

@@ -277,9 +277,21 @@ impl Arbiter {
         })();
         let (staged, commit, finished) = match staged {
             Ok(staged) => staged,
+            Err(error @ ArbiterError::AppNotActive(_)) => return self.refuse_once_written(error),
             Err(error) => return refuse(error),
         };
         self.commit(commit, staged, ctx, move |_, _| ProgressAck { finished })
+    }
+
+    /// Refuses once every write queued before is durable: an app may have left the market in a
+    /// commit still on its way, and the caller then reads how it finished.
+    fn refuse_once_written<T: 'static>(&self, error: ArbiterError) -> Reply<T> {
+        Box::pin(
+            self.writer
+                .flush()
+                .into_actor(self)
+                .map(move |(), _, _| Err(error)),
+        )
     }
 }
 
@@ -457,6 +469,7 @@ impl Handler<FinishApp> for Arbiter {
         })();
         match staged {
             Ok((staged, commit)) => self.commit(commit, staged, ctx, |_, _| ()),
+            Err(error @ ArbiterError::AppNotActive(_)) => self.refuse_once_written(error),
             Err(error) => refuse(error),
         }
     }

@@ -22,6 +22,7 @@ use crate::actors::requests::{
     AppStanding, FinishApp, ProgressAck, RegisterApp, ReportProgress, ReportSpeedChange,
     ReportThroughput, RhoOf, RhoView, SpeedChangeAck, StandingOf,
 };
+use crate::actors::ArbiterError;
 use crate::store::{AppRow, LeaseView};
 use crate::why::{round_sentence, RoundFacts};
 
@@ -127,10 +128,12 @@ pub struct ProgressBody {
 }
 
 /// Report job progress: iterations done, jobs stopped early, observed iteration times. An app
-/// with nothing left to run finishes.
+/// with nothing left to run finishes; the report that finished it, sent again, is answered as
+/// the first time.
 #[utoipa::path(post, path = "/v1/apps/{app}/progress", params(("app" = i64, Path)),
     request_body = ProgressBody,
-    responses((status = 200, body = ProgressAck), (status = 422, body = Problem)))]
+    responses((status = 200, body = ProgressAck), (status = 409, body = Problem),
+        (status = 422, body = Problem)))]
 #[post("/v1/apps/{app}/progress")]
 pub async fn report_progress(
     state: web::Data<ApiState>,
@@ -139,16 +142,30 @@ pub async fn report_progress(
     body: Body<ProgressBody>,
 ) -> Result<HttpResponse, ApiError> {
     owned_app(&state, caller, *app).await?;
-    let ack = state
+    let jobs = body.into_inner().jobs;
+    let answer = state
         .arbiter()
         .await?
         .send(ReportProgress {
             tenant: caller.tenant(),
             app: *app,
-            jobs: body.into_inner().jobs,
+            jobs: jobs.clone(),
             span: tracing::Span::current(),
         })
-        .await??;
+        .await?;
+    let ack = match answer {
+        // The arbiter refuses once the app's last state is durable, so the store has it.
+        Err(ArbiterError::AppNotActive(_))
+            if state
+                .store
+                .finished_app(*app)
+                .await?
+                .is_some_and(|finished| finished.already_took(&jobs)) =>
+        {
+            ProgressAck { finished: true }
+        }
+        answer => answer?,
+    };
     Ok(HttpResponse::Ok().json(ack))
 }
 
@@ -217,7 +234,8 @@ pub async fn report_speed_change(
     Ok(HttpResponse::Ok().json(ack))
 }
 
-/// The search is over: the app leaves the market and its leases are released.
+/// The search is over: the app leaves the market and its leases are released. An app that
+/// finished already (its last job ended, or this request's first attempt) stays finished.
 #[utoipa::path(post, path = "/v1/apps/{app}/finish", params(("app" = i64, Path)),
     responses((status = 204), (status = 409, body = Problem)))]
 #[post("/v1/apps/{app}/finish")]
@@ -227,7 +245,7 @@ pub async fn finish_app(
     app: web::Path<AppKey>,
 ) -> Result<HttpResponse, ApiError> {
     owned_app(&state, caller, *app).await?;
-    state
+    let answer = state
         .arbiter()
         .await?
         .send(FinishApp {
@@ -235,7 +253,12 @@ pub async fn finish_app(
             app: *app,
             span: tracing::Span::current(),
         })
-        .await??;
+        .await?;
+    match answer {
+        // The arbiter refuses once the app's last state is durable, so the store has it.
+        Err(ArbiterError::AppNotActive(_)) if state.store.finished_app(*app).await?.is_some() => {}
+        answer => answer?,
+    }
     Ok(HttpResponse::NoContent().finish())
 }
 

@@ -29,15 +29,22 @@ pub struct AppRow {
     pub jobs: Vec<JobPhase>,
 }
 
+impl AppRecord {
+    /// The app as the engine knows it, from its stored state.
+    fn app(&self) -> Result<App, StoreError> {
+        let kind: AppKind = serde_json::from_value(self.state.clone()).map_err(|error| {
+            StoreError::Corrupt(format!("the state of app {}: {error}", self.id))
+        })?;
+        Ok(App {
+            id: self.id.into(),
+            kind,
+        })
+    }
+}
+
 impl AppRow {
     fn with_state(row: AppRecord) -> Result<Self, StoreError> {
-        let kind: AppKind = serde_json::from_value(row.state).map_err(|error| {
-            StoreError::Corrupt(format!("the state of app {}: {error}", row.id))
-        })?;
-        let app = App {
-            id: row.id.into(),
-            kind,
-        };
+        let app = row.app()?;
         Ok(Self {
             id: row.id,
             tenant_id: row.tenant_id,
@@ -346,7 +353,23 @@ impl Store {
     }
 
     pub async fn app(&self, id: AppKey) -> Result<Option<AppRow>, StoreError> {
-        sqlx::query_as!(
+        self.app_record(id)
+            .await?
+            .map(AppRow::with_state)
+            .transpose()
+    }
+
+    /// The app as it finished (its jobs' last progress), if it has finished.
+    pub async fn finished_app(&self, id: AppKey) -> Result<Option<App>, StoreError> {
+        self.app_record(id)
+            .await?
+            .filter(|record| record.finished_at.is_some())
+            .map(|record| record.app())
+            .transpose()
+    }
+
+    async fn app_record(&self, id: AppKey) -> Result<Option<AppRecord>, StoreError> {
+        Ok(sqlx::query_as!(
             AppRecord,
             r#"SELECT id AS "id: _", tenant_id AS "tenant_id: _", name, kind, bidding, arrived_at,
                       finished_at, state
@@ -354,9 +377,7 @@ impl Store {
             id.0
         )
         .fetch_optional(&self.pool)
-        .await?
-        .map(AppRow::with_state)
-        .transpose()
+        .await?)
     }
 
     /// The apps `viewer` sees (a tenant its own, the admin every tenant's), finished ones
