@@ -146,10 +146,13 @@ def test_a_speed_change_replaces_the_schedule_from_its_iteration_and_shows_as_th
     assert rows == [{"job": "trial-0", "at_iteration": 400, "serial_iteration_time": 0.25}]
 
 
-def test_a_finished_app_refuses_progress_with_a_conflict(tenant: Client) -> None:
+def test_a_finished_app_stays_finished_and_refuses_new_progress_with_a_conflict(tenant: Client) -> None:
     app = tenant.register_app(sweep("finished"))
     tenant.finish_app(app.id)
-    assert tenant.get_app(app.id).finished_at is not None
+    finished_at = tenant.get_app(app.id).finished_at
+    assert finished_at is not None
+    tenant.finish_app(app.id)
+    assert tenant.get_app(app.id).finished_at == finished_at
     with pytest.raises(Conflict) as raised:
         tenant.report_progress(app.id, [models.JobProgress("trial-0", 1)])
     assert raised.value.code == "app_not_active"

@@ -95,11 +95,12 @@ def test_an_asha_search_runs_on_leases_and_its_progress_is_stored(
         assert client.get_app(app.id).finished_at is not None
 
 
-def test_tune_ending_a_trial_whose_last_step_finished_the_app_reports_nothing_more(
+def test_tune_ending_a_trial_whose_last_step_finished_the_app_repeats_that_report(
     server: Server, tenant_token: str
 ) -> None:
     # The trainable's last step reported the app's only job done, and the arbiter finished the
-    # app; Tune stopped the trial before the trainable returned, so the broker hears of its end.
+    # app; Tune stopped the trial before the trainable returned, so the broker hears of its end
+    # and reports it again, which the arbiter answers as it answered the step.
     spec = search_spec(n_trials=1, max_iterations=2, seconds_per_iteration=0.1, halving=None)
     with Client(server.url, tenant_token) as client:
         app = client.register_app(models.RegisterApp(name="last-step", app=spec))
@@ -108,7 +109,7 @@ def test_tune_ending_a_trial_whose_last_step_finished_the_app_reports_nothing_mo
             assert broker.job_of("tune-trial") == "trial-0"
             assert client.report_progress(app.id, [models.JobProgress("trial-0", 2)]).finished
             broker.trial_ended("tune-trial", 2)
-            # A stop short of the end would be news: the finished app's refusal is not hidden.
+            # A stop short of the end is not what the app took: the finished app refuses it.
             with pytest.raises(Conflict, match="not active"):
                 broker.trial_ended("tune-trial", 1)
         finally:

@@ -24,8 +24,8 @@ class Call(Generic[T]):
 
     `replayable`: sending it twice has the effect of sending it once (a GET, a report of
     monotonic progress, a release, or a request carrying an Idempotency-Key), so it may be
-    retried even when the first attempt may have reached the arbiter. The answer may differ: a
-    retried report that had finished the app is refused as `app_not_active` (docs/api.md).
+    retried even when the first attempt may have reached the arbiter (a retried report that had
+    finished the app is answered as the first was: docs/api.md).
     """
 
     method: str

@@ -41,7 +41,6 @@ import optuna
 
 from . import models
 from .client import Client
-from .errors import Conflict
 from .trials import Checkpoints, GpuSlot, LeasedGpus, LeaseEnding, RunInterval, TrialRun, search_spec
 
 RUNS_ATTR = "agora_runs"
@@ -171,10 +170,7 @@ def run_study(
         runner.run(n_trials, max_parallel, acquire_timeout)
     finally:
         gpus.stop()
-        try:
-            client.finish_app(app.id)
-        except Conflict:
-            pass  # Every job had ended: the arbiter finished the app already.
+        client.finish_app(app.id)  # Also when every job had ended and the app with them.
         result.leases = client.leases(app.id)
     return result
 

@@ -39,7 +39,6 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from . import models
 from .client import Client
-from .errors import Conflict
 from .trials import Checkpoints, GpuSlot, LeasedGpus, LeaseEnding, TrialRun, search_spec
 
 ITERATIONS_METRIC = "agora_iterations"
@@ -123,14 +122,9 @@ class AgoraBroker:
         job = self._jobs.get(trial_id)
         if job is not None and trial_id not in self._completed:
             stopped = iterations < self._max_iterations
-            progress = models.JobProgress(job, iterations, stopped=stopped)
-            try:
-                self._client.report_progress(self._app, [progress])
-            except Conflict as refused:
-                # Tune may stop the trainable after its last step's report ended the job and, if
-                # it was the app's last, the app: then the job has nothing left to report.
-                if stopped or refused.code != "app_not_active":
-                    raise
+            # Tune may stop the trainable after its last step's report ended the job and, if it
+            # was the app's last, the app: the arbiter answers this repeat as it did the first.
+            self._client.report_progress(self._app, [models.JobProgress(job, iterations, stopped=stopped)])
 
     def stop(self) -> None:
         self._gpus.stop()
@@ -242,10 +236,7 @@ def run_tune(
             results = tuner.fit()
         finally:
             ray.get(broker.stop.remote())
-            try:
-                client.finish_app(app.id)
-            except Conflict:
-                pass  # Every job had ended: the arbiter finished the app already.
+            client.finish_app(app.id)  # Also when every job had ended and the app with them.
     return app, results
 
 
