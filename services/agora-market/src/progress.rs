@@ -268,6 +268,23 @@ mod tests {
         }
     }
 
+    fn measured(
+        job: &str,
+        completed: u64,
+        locality: Locality,
+        gpus: u32,
+        seconds: f64,
+    ) -> JobProgress {
+        JobProgress {
+            observed: Some(ObservedIterations {
+                locality,
+                gpus,
+                seconds_per_iteration: seconds,
+            }),
+            ..report(job, completed)
+        }
+    }
+
     fn single(total: u64) -> App {
         App {
             id: AppId::from("a"),
@@ -291,14 +308,7 @@ mod tests {
     #[test]
     fn an_observation_sets_the_slowdown_of_its_locality() {
         let mut app = single(100);
-        let observed = JobProgress {
-            observed: Some(ObservedIterations {
-                locality: Locality::CrossRack,
-                gpus: 2,
-                seconds_per_iteration: 1.5,
-            }),
-            ..report("j", 10)
-        };
+        let observed = measured("j", 10, Locality::CrossRack, 2, 1.5);
         let slowdowns = app.apply_progress(&[observed]).expect("valid");
         assert_eq!(slowdowns, vec![1.5]);
         let AppKind::SingleJob { job, .. } = &app.kind else {
@@ -316,14 +326,7 @@ mod tests {
             vec![report("j", 60), report("nope", 1)],
             vec![report("j", 49)],
             vec![report("j", 101)],
-            vec![JobProgress {
-                observed: Some(ObservedIterations {
-                    locality: Locality::SameSlot,
-                    gpus: 0,
-                    seconds_per_iteration: 1.0,
-                }),
-                ..report("j", 60)
-            }],
+            vec![measured("j", 60, Locality::SameSlot, 0, 1.0)],
         ] {
             assert!(app.apply_progress(&bad).is_err());
             assert_eq!(app, before);
@@ -333,14 +336,7 @@ mod tests {
     #[test]
     fn a_report_sent_again_was_already_taken_and_any_other_was_not() {
         let mut app = single(100);
-        let last = JobProgress {
-            observed: Some(ObservedIterations {
-                locality: Locality::SameSlot,
-                gpus: 2,
-                seconds_per_iteration: 1.0,
-            }),
-            ..report("j", 100)
-        };
+        let last = measured("j", 100, Locality::SameSlot, 2, 1.0);
         assert!(!app.already_took(std::slice::from_ref(&last)));
         app.apply_progress(std::slice::from_ref(&last))
             .expect("valid");
