@@ -205,6 +205,20 @@ def test_a_bid_whose_answer_is_lost_is_retried_with_the_same_key_and_stored_once
     assert stored == [{"id": ack.bid_id, "idempotency_key": keys.pop()}]
 
 
+def test_a_report_that_finished_the_app_and_lost_its_answer_is_retried_to_the_same_answer(
+    server: Server, tenant: Client, tenant_token: str
+) -> None:
+    app = tenant.register_app(sweep("finish-retry", jobs=1))
+    lossy = LoseFirstAnswers(1, f"/v1/apps/{app.id}/progress")
+    with Client(server.url, tenant_token, transport=lossy, retry=RetryPolicy(base_delay=0.0)) as client:
+        assert client.report_progress(app.id, [models.JobProgress("trial-0", 1_000)]).finished
+        client.finish_app(app.id)
+    assert len(lossy.sent) == 2
+    assert tenant.get_app(app.id).finished_at is not None
+    stored = server.query(f"SELECT completed_iterations FROM job_progress WHERE app_id = {app.id}")
+    assert stored == [{"completed_iterations": 1_000}]
+
+
 def test_an_unreachable_arbiter_raises_a_transport_error_after_the_retries() -> None:
     with Client("http://127.0.0.1:9", "token", retry=RetryPolicy(attempts=2, base_delay=0.0)) as client:
         with pytest.raises(TransportError, match="did not answer"):
