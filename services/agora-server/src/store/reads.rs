@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::postgres::PgListener;
 use utoipa::ToSchema;
@@ -32,7 +32,7 @@ pub struct AppRow {
 impl AppRecord {
     /// The app as the engine knows it, from its stored state.
     fn app(&self) -> Result<App, StoreError> {
-        let kind: AppKind = serde_json::from_value(self.state.clone()).map_err(|error| {
+        let kind = AppKind::deserialize(&self.state).map_err(|error| {
             StoreError::Corrupt(format!("the state of app {}: {error}", self.id))
         })?;
         Ok(App {
