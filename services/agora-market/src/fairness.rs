@@ -11,7 +11,7 @@
 //! share ([`GpuSpeeds`]), and the app's scheduler places its most critical jobs on its fastest
 //! GPUs; with no throughput table every speed is 1 and nothing changes.
 
-use std::collections::BTreeMap;
+use std::ops::Range;
 
 use crate::app::{App, AppKind, JobInfo, PerformanceCurveAgent, SuccessiveHalvingAgent};
 use crate::rho::Rho;
@@ -119,13 +119,13 @@ pub fn plan_time(
         let needed: usize = job_widths(&job_work(jobs), &demands, ordered.len())
             .iter()
             .sum();
-        let pool = if needed <= footprint.len() {
-            footprint.clone()
+        let pool: &[GpuLocation] = if needed <= footprint.len() {
+            &footprint
         } else {
-            ordered.clone()
+            &ordered
         };
         let share = widest_share(jobs, pool.len());
-        let (resized, used) = phase_time(jobs, &pool, speeds, restart_pause_seconds);
+        let (resized, used) = phase_time(jobs, pool, speeds, restart_pause_seconds);
         // Jobs that resize restart anyway, so they may move: to better-placed GPUs elsewhere
         // when the earlier phases' footprint places them worse.
         let mut pool_len = pool.len();
@@ -142,12 +142,8 @@ pub fn plan_time(
         };
         let (time, used) = match width {
             Some(previous) if share > previous => {
-                let (kept, kept_used) = phase_time(
-                    &capped(jobs, previous),
-                    &pool,
-                    speeds,
-                    restart_pause_seconds,
-                );
+                let (kept, kept_used) =
+                    phase_time(&capped(jobs, previous), pool, speeds, restart_pause_seconds);
                 if kept - resized > restart_pause_seconds {
                     width = Some(share);
                     (resized + restart_pause_seconds, used)
@@ -381,33 +377,58 @@ struct FreeGpus<'a> {
     pool: &'a [GpuLocation],
     speeds: &'a GpuSpeeds,
     taken: Vec<bool>,
-    /// Per level (slot, machine, rack): each container's number and its free positions, in
-    /// pool order.
-    containers: [Vec<(u32, Vec<usize>)>; 3],
+    /// Slots, machines and racks.
+    levels: [Level; 3],
+}
+
+/// The containers of one topology level: the pool's positions ordered by container number,
+/// then pool order, and each container's number with its range of that order. Agents build
+/// one for every bundle they price, so it is two vectors, not a map of vectors.
+struct Level {
+    order: Vec<usize>,
+    containers: Vec<(u32, Range<usize>)>,
+}
+
+impl Level {
+    fn new(pool: &[GpuLocation], number_of: fn(GpuLocation) -> u32) -> Self {
+        let mut keyed: Vec<(u32, usize)> = pool
+            .iter()
+            .enumerate()
+            .map(|(position, &location)| (number_of(location), position))
+            .collect();
+        keyed.sort_unstable();
+        let mut containers: Vec<(u32, Range<usize>)> = Vec::new();
+        for (index, &(number, _)) in keyed.iter().enumerate() {
+            match containers.last_mut() {
+                Some((last, range)) if *last == number => range.end = index + 1,
+                _ => containers.push((number, index..index + 1)),
+            }
+        }
+        let order = keyed.into_iter().map(|(_, position)| position).collect();
+        Self { order, containers }
+    }
+
+    /// Each container's number and its positions, in pool order.
+    fn containers(&self) -> impl Iterator<Item = (u32, &[usize])> {
+        self.containers
+            .iter()
+            .map(|(number, range)| (*number, &self.order[range.clone()]))
+    }
 }
 
 impl<'a> FreeGpus<'a> {
     fn new(pool: &'a [GpuLocation], speeds: &'a GpuSpeeds) -> Self {
-        let containers = [
+        let levels = [
             |location: GpuLocation| location.slot,
             |location: GpuLocation| location.machine,
             |location: GpuLocation| location.rack,
         ]
-        .map(|number_of| {
-            let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-            for (position, &location) in pool.iter().enumerate() {
-                groups
-                    .entry(number_of(location))
-                    .or_default()
-                    .push(position);
-            }
-            groups.into_iter().collect()
-        });
+        .map(|number_of| Level::new(pool, number_of));
         Self {
             pool,
             speeds,
             taken: vec![false; pool.len()],
-            containers,
+            levels,
         }
     }
 
@@ -422,16 +443,16 @@ impl<'a> FreeGpus<'a> {
         let taken = &self.taken;
         let free_in = |positions| free_positions(positions, taken);
         let (pool, speeds) = (self.pool, self.speeds);
-        let fitting = self.containers.iter().find_map(|level| {
+        let fitting = self.levels.iter().find_map(|level| {
             level
-                .iter()
+                .containers()
                 .filter_map(|(number, positions)| {
                     let free = free_in(positions).count();
                     let first = free_in(positions).take(count).map(|item| pool[item]);
-                    (free >= count).then(|| (positions, free, speeds.slowest(first), *number))
+                    (free >= count).then(|| (positions, free, speeds.slowest(first), number))
                 })
                 .min_by(|a, b| b.2.total_cmp(&a.2).then(a.1.cmp(&b.1)).then(a.3.cmp(&b.3)))
-                .map(|(positions, ..)| positions.as_slice())
+                .map(|(positions, ..)| positions)
         });
         let chosen: Vec<usize> = match fitting {
             Some(positions) => free_in(positions).take(count).collect(),
