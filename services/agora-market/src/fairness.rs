@@ -377,9 +377,17 @@ struct FreeGpus<'a> {
     pool: &'a [GpuLocation],
     speeds: &'a GpuSpeeds,
     taken: Vec<bool>,
-    /// Slots, machines and racks.
-    levels: [Level; 3],
+    /// Slots, machines and racks, each built when a request first looks at it: most bundles
+    /// fit in a slot or a machine.
+    levels: [Option<Level>; 3],
 }
+
+/// The container number of a GPU at each level, smallest level first.
+const CONTAINER_NUMBER: [fn(GpuLocation) -> u32; 3] = [
+    |location| location.slot,
+    |location| location.machine,
+    |location| location.rack,
+];
 
 /// The containers of one topology level: the pool's positions ordered by container number,
 /// then pool order, and each container's number with its range of that order. Agents build
@@ -418,17 +426,11 @@ impl Level {
 
 impl<'a> FreeGpus<'a> {
     fn new(pool: &'a [GpuLocation], speeds: &'a GpuSpeeds) -> Self {
-        let levels = [
-            |location: GpuLocation| location.slot,
-            |location: GpuLocation| location.machine,
-            |location: GpuLocation| location.rack,
-        ]
-        .map(|number_of| Level::new(pool, number_of));
         Self {
             pool,
             speeds,
             taken: vec![false; pool.len()],
-            levels,
+            levels: [None, None, None],
         }
     }
 
@@ -443,8 +445,10 @@ impl<'a> FreeGpus<'a> {
         let taken = &self.taken;
         let free_in = |positions| free_positions(positions, taken);
         let (pool, speeds) = (self.pool, self.speeds);
-        let fitting = self.levels.iter().find_map(|level| {
-            level
+        let mut fitting = None;
+        for (level, number_of) in self.levels.iter_mut().zip(CONTAINER_NUMBER) {
+            let level = level.get_or_insert_with(|| Level::new(pool, number_of));
+            fitting = level
                 .containers()
                 .filter_map(|(number, positions)| {
                     let free = free_in(positions).count();
@@ -452,8 +456,11 @@ impl<'a> FreeGpus<'a> {
                     (free >= count).then(|| (positions, free, speeds.slowest(first), number))
                 })
                 .min_by(|a, b| b.2.total_cmp(&a.2).then(a.1.cmp(&b.1)).then(a.3.cmp(&b.3)))
-                .map(|(positions, ..)| positions)
-        });
+                .map(|(positions, ..)| positions);
+            if fitting.is_some() {
+                break;
+            }
+        }
         let chosen: Vec<usize> = match fitting {
             Some(positions) => free_in(positions).take(count).collect(),
             None => (0..pool.len())
