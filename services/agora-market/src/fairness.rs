@@ -17,7 +17,7 @@ use crate::app::{App, AppKind, JobInfo, PerformanceCurveAgent, SuccessiveHalving
 use crate::rho::Rho;
 use crate::throughput::GpuSpeeds;
 use crate::time::Timestamp;
-use crate::topology::{GpuLocation, Locality};
+use crate::topology::{container_of, GpuLocation, Locality};
 
 /// What the estimate needs besides the app and the GPUs: when it is, when the app arrived, how
 /// long the app would take alone on the cluster and how contended the cluster has been.
@@ -382,13 +382,6 @@ struct FreeGpus<'a> {
     levels: [Option<Level>; 3],
 }
 
-/// The container number of a GPU at each level, smallest level first.
-const CONTAINER_NUMBER: [fn(GpuLocation) -> u32; 3] = [
-    |location| location.slot,
-    |location| location.machine,
-    |location| location.rack,
-];
-
 /// The containers of one topology level: the pool's positions ordered by container number,
 /// then pool order, and each container's number with its range of that order. Agents build
 /// one for every bundle they price, so it is two vectors, not a map of vectors.
@@ -398,11 +391,11 @@ struct Level {
 }
 
 impl Level {
-    fn new(pool: &[GpuLocation], number_of: fn(GpuLocation) -> u32) -> Self {
+    fn new(pool: &[GpuLocation], level: usize) -> Self {
         let mut keyed: Vec<(u32, usize)> = pool
             .iter()
             .enumerate()
-            .map(|(position, &location)| (number_of(location), position))
+            .map(|(position, &location)| (container_of(location, level), position))
             .collect();
         keyed.sort_unstable();
         let mut containers: Vec<(u32, Range<usize>)> = Vec::new();
@@ -446,8 +439,8 @@ impl<'a> FreeGpus<'a> {
         let free_in = |positions| free_positions(positions, taken);
         let (pool, speeds) = (self.pool, self.speeds);
         let mut fitting = None;
-        for (level, number_of) in self.levels.iter_mut().zip(CONTAINER_NUMBER) {
-            let level = level.get_or_insert_with(|| Level::new(pool, number_of));
+        for (index, level) in self.levels.iter_mut().enumerate() {
+            let level = level.get_or_insert_with(|| Level::new(pool, index));
             fitting = level
                 .containers()
                 .filter_map(|(number, positions)| {

@@ -409,7 +409,8 @@ const SLOT: usize = 0;
 const MACHINE: usize = 1;
 const RACK: usize = 2;
 
-fn container_of(location: GpuLocation, level: usize) -> u32 {
+/// The number of the container holding `location` at `level` (0 slot, 1 machine, 2 rack).
+pub(crate) fn container_of(location: GpuLocation, level: usize) -> u32 {
     match level {
         SLOT => location.slot,
         MACHINE => location.machine,
