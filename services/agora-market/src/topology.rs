@@ -403,7 +403,14 @@ pub struct PlacementIndex {
     containers: [BTreeMap<u32, Vec<usize>>; 3],
     /// Container numbers of each level sorted by (size, number), for best-fit look-ups.
     by_size: [Vec<(usize, u32)>; 3],
+    /// The size of each item's slot, machine and rack in the pool: `fill` ranks items by them
+    /// for every bundle an agent prices, so they are looked up once.
+    container_sizes: Vec<[usize; 3]>,
 }
+
+/// How `fill` ranks an item at one level: containers near the anchors first, then the fullest,
+/// then by number.
+type LevelRank = (bool, std::cmp::Reverse<usize>, u32);
 
 const SLOT: usize = 0;
 const MACHINE: usize = 1;
@@ -436,10 +443,17 @@ impl PlacementIndex {
             sizes.sort_unstable();
             sizes
         });
+        let container_sizes = locations
+            .iter()
+            .map(|&location| {
+                std::array::from_fn(|level| containers[level][&container_of(location, level)].len())
+            })
+            .collect();
         Self {
             locations,
             containers,
             by_size,
+            container_sizes,
         }
     }
 
@@ -476,15 +490,16 @@ impl PlacementIndex {
         if count == 0 || count > self.locations.len() || per_level == 0 {
             return Vec::new();
         }
+        let anchored = AnchoredContainers::new(anchors);
         let mut subsets = Vec::new();
         for level in [SLOT, MACHINE, RACK] {
             for container in self.fitting_containers(level, count, anchors, per_level) {
-                subsets.push(self.fill(&self.containers[level][&container], count, anchors));
+                subsets.push(self.fill(&self.containers[level][&container], count, &anchored));
             }
         }
         if subsets.is_empty() {
             let everything: Vec<usize> = (0..self.locations.len()).collect();
-            subsets.push(self.fill(&everything, count, anchors));
+            subsets.push(self.fill(&everything, count, &anchored));
         }
         subsets
     }
@@ -522,31 +537,55 @@ impl PlacementIndex {
 
     /// Takes `count` of `items`, keeping them together: racks, machines and slots nearest the
     /// anchors first, then the fullest, so the result spans as few containers as possible.
-    fn fill(&self, items: &[usize], count: usize, anchors: &[GpuLocation]) -> Vec<usize> {
-        let size_in = |level: usize, item: usize| {
+    fn fill(&self, items: &[usize], count: usize, anchored: &AnchoredContainers) -> Vec<usize> {
+        let rank = |item: usize, level: usize| -> LevelRank {
             let number = container_of(self.locations[item], level);
-            self.containers[level].get(&number).map_or(0, Vec::len)
+            (
+                !anchored.contains(level, number),
+                std::cmp::Reverse(self.container_sizes[item][level]),
+                number,
+            )
         };
-        let anchored = |level: usize, item: usize| {
-            let number = container_of(self.locations[item], level);
-            anchors
-                .iter()
-                .any(|&anchor| container_of(anchor, level) == number)
-        };
-        let mut ordered = items.to_vec();
-        ordered.sort_by_cached_key(|&item| {
-            let location = self.locations[item];
-            let key = |level: usize| {
+        let mut ranked: Vec<(LevelRank, LevelRank, LevelRank, usize)> = items
+            .iter()
+            .map(|&item| {
                 (
-                    !anchored(level, item),
-                    std::cmp::Reverse(size_in(level, item)),
-                    container_of(location, level),
+                    rank(item, RACK),
+                    rank(item, MACHINE),
+                    rank(item, SLOT),
+                    item,
                 )
-            };
-            (key(RACK), key(MACHINE), key(SLOT), item)
-        });
-        ordered.truncate(count);
-        ordered
+            })
+            .collect();
+        // Every key ends with its item, so the `count` smallest are the same set whichever
+        // way they are found: select them, then sort only those.
+        if count < ranked.len() {
+            ranked.select_nth_unstable(count);
+            ranked.truncate(count);
+        }
+        ranked.sort_unstable();
+        ranked.into_iter().map(|(.., item)| item).collect()
+    }
+}
+
+/// The slots, machines and racks that hold an app's anchors, each level's numbers sorted.
+struct AnchoredContainers([Vec<u32>; 3]);
+
+impl AnchoredContainers {
+    fn new(anchors: &[GpuLocation]) -> Self {
+        Self(std::array::from_fn(|level| {
+            let mut numbers: Vec<u32> = anchors
+                .iter()
+                .map(|&anchor| container_of(anchor, level))
+                .collect();
+            numbers.sort_unstable();
+            numbers.dedup();
+            numbers
+        }))
+    }
+
+    fn contains(&self, level: usize, number: u32) -> bool {
+        self.0[level].binary_search(&number).is_ok()
     }
 }
 
