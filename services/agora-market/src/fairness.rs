@@ -11,6 +11,7 @@
 //! share ([`GpuSpeeds`]), and the app's scheduler places its most critical jobs on its fastest
 //! GPUs; with no throughput table every speed is 1 and nothing changes.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use crate::app::{App, AppKind, JobInfo, PerformanceCurveAgent, SuccessiveHalvingAgent};
@@ -277,8 +278,12 @@ pub fn slowest_useful_speed(
     best.1
 }
 
-/// The GPUs of `gpus` at `floor` speed or faster, in their order.
-fn at_least(gpus: &[GpuLocation], speeds: &GpuSpeeds, floor: f64) -> Vec<GpuLocation> {
+/// The GPUs of `gpus` at `floor` speed or faster, in their order; `gpus` itself when that is
+/// all of them (one speed, the usual case), without a copy.
+fn at_least<'g>(gpus: &'g [GpuLocation], speeds: &GpuSpeeds, floor: f64) -> Cow<'g, [GpuLocation]> {
+    if gpus.iter().all(|&gpu| speeds.at(gpu) >= floor) {
+        return Cow::Borrowed(gpus);
+    }
     gpus.iter()
         .copied()
         .filter(|&gpu| speeds.at(gpu) >= floor)
@@ -383,37 +388,72 @@ struct FreeGpus<'a> {
 }
 
 /// The containers of one topology level: the pool's positions ordered by container number,
-/// then pool order, and each container's number with its range of that order. Agents build
-/// one for every bundle they price, so it is two vectors, not a map of vectors.
+/// then pool order, and each container with its range of that order and how many of its
+/// positions are free. Agents build one for every bundle they price, so it is flat vectors,
+/// not a map of vectors, and the free counts follow each take instead of being recounted.
 struct Level {
     order: Vec<usize>,
-    containers: Vec<(u32, Range<usize>)>,
+    containers: Vec<Container>,
+    /// The index in `containers` of each pool position's container.
+    container_at: Vec<usize>,
+}
+
+struct Container {
+    number: u32,
+    range: Range<usize>,
+    free: usize,
 }
 
 impl Level {
-    fn new(pool: &[GpuLocation], level: usize) -> Self {
-        let mut keyed: Vec<(u32, usize)> = pool
+    fn new(pool: &[GpuLocation], level: usize, taken: &[bool]) -> Self {
+        // Container number and position packed in one integer: a plain integer sort.
+        let mut keyed: Vec<u64> = pool
             .iter()
             .enumerate()
-            .map(|(position, &location)| (container_of(location, level), position))
+            .map(|(position, &location)| {
+                u64::from(container_of(location, level)) << 32 | position as u64
+            })
             .collect();
         keyed.sort_unstable();
-        let mut containers: Vec<(u32, Range<usize>)> = Vec::new();
-        for (index, &(number, _)) in keyed.iter().enumerate() {
+        let position_of = |key: u64| (key & u64::from(u32::MAX)) as usize;
+        let mut containers: Vec<Container> = Vec::new();
+        let mut container_at = vec![0; pool.len()];
+        for (index, &key) in keyed.iter().enumerate() {
+            let (number, position) = ((key >> 32) as u32, position_of(key));
             match containers.last_mut() {
-                Some((last, range)) if *last == number => range.end = index + 1,
-                _ => containers.push((number, index..index + 1)),
+                Some(last) if last.number == number => last.range.end = index + 1,
+                _ => containers.push(Container {
+                    number,
+                    range: index..index + 1,
+                    free: 0,
+                }),
+            }
+            container_at[position] = containers.len() - 1;
+            if !taken[position] {
+                containers.last_mut().expect("a container was pushed").free += 1;
             }
         }
-        let order = keyed.into_iter().map(|(_, position)| position).collect();
-        Self { order, containers }
+        Self {
+            order: keyed.into_iter().map(position_of).collect(),
+            containers,
+            container_at,
+        }
     }
 
-    /// Each container's number and its positions, in pool order.
-    fn containers(&self) -> impl Iterator<Item = (u32, &[usize])> {
+    /// Each container's number, its positions in pool order and how many of them are free,
+    /// for the containers with at least `count` free.
+    fn fitting(&self, count: usize) -> impl Iterator<Item = (u32, &[usize], usize)> {
         self.containers
             .iter()
-            .map(|(number, range)| (*number, &self.order[range.clone()]))
+            .filter(move |container| container.free >= count)
+            .map(|container| {
+                let positions = &self.order[container.range.clone()];
+                (container.number, positions, container.free)
+            })
+    }
+
+    fn take(&mut self, position: usize) {
+        self.containers[self.container_at[position]].free -= 1;
     }
 }
 
@@ -429,24 +469,27 @@ impl<'a> FreeGpus<'a> {
 
     /// Takes `count` free GPUs from the smallest slot, else machine, else rack that has them
     /// (the fastest first, then ties to the lowest number), else the first free ones; fewer if
-    /// fewer are free. Agents call this for every bundle they price, so the search counts free
-    /// GPUs in place and allocates only the answer.
+    /// fewer are free. Agents call this for every bundle they price, so the search reads free
+    /// counts kept up to date and allocates only the answer.
     fn take_best_fit(&mut self, count: usize) -> Vec<usize> {
         if count == 0 {
             return Vec::new();
         }
         let taken = &self.taken;
-        let free_in = |positions| free_positions(positions, taken);
         let (pool, speeds) = (self.pool, self.speeds);
         let mut fitting = None;
         for (index, level) in self.levels.iter_mut().enumerate() {
-            let level = level.get_or_insert_with(|| Level::new(pool, index));
+            let level = level.get_or_insert_with(|| Level::new(pool, index, taken));
             fitting = level
-                .containers()
-                .filter_map(|(number, positions)| {
-                    let free = free_in(positions).count();
-                    let first = free_in(positions).take(count).map(|item| pool[item]);
-                    (free >= count).then(|| (positions, free, speeds.slowest(first), number))
+                .fitting(count)
+                .map(|(number, positions, free)| {
+                    let first = free_positions(positions, taken).take(count);
+                    (
+                        positions,
+                        free,
+                        speeds.slowest(first.map(|item| pool[item])),
+                        number,
+                    )
                 })
                 .min_by(|a, b| b.2.total_cmp(&a.2).then(a.1.cmp(&b.1)).then(a.3.cmp(&b.3)))
                 .map(|(positions, ..)| positions);
@@ -455,7 +498,7 @@ impl<'a> FreeGpus<'a> {
             }
         }
         let chosen: Vec<usize> = match fitting {
-            Some(positions) => free_in(positions).take(count).collect(),
+            Some(positions) => free_positions(positions, taken).take(count).collect(),
             None => (0..pool.len())
                 .filter(|&position| !taken[position])
                 .take(count)
@@ -463,6 +506,9 @@ impl<'a> FreeGpus<'a> {
         };
         for &position in &chosen {
             self.taken[position] = true;
+            for level in self.levels.iter_mut().flatten() {
+                level.take(position);
+            }
         }
         chosen
     }
