@@ -125,7 +125,16 @@ pub fn generate_bid(
                     .into_iter()
                     .map(|subset| (subset, if renewal.is_empty() { 0.0 } else { restart })),
             );
+        // The sources propose some bundles twice; the first, with the smallest pause (the
+        // sources come in order of pause), is the one valued.
+        let mut proposed: Vec<Vec<usize>> = Vec::new();
         for (subset, pause) in proposals {
+            let mut sorted = subset.clone();
+            sorted.sort_unstable();
+            if proposed.contains(&sorted) {
+                continue;
+            }
+            proposed.push(sorted);
             combined.clear();
             combined.extend_from_slice(held);
             combined.extend(subset.iter().map(|&item| offer.placement.location(item)));
@@ -133,8 +142,7 @@ pub fn generate_bid(
             let Some(value) = rho(app, &combined, context).map(|rho| rho.get() + pause) else {
                 continue;
             };
-            if improves(value, rho_old) && !valued.iter().any(|(_, seen)| same_items(seen, &subset))
-            {
+            if improves(value, rho_old) {
                 valued.push((value, subset));
             }
         }
@@ -342,14 +350,6 @@ fn job_placed_bundle(
 
 fn improves(value: f64, rho_old: RhoOld) -> bool {
     rho_old.is_none_or(|old| value < old.get())
-}
-
-fn same_items(a: &[usize], b: &[usize]) -> bool {
-    let mut a = a.to_vec();
-    let mut b = b.to_vec();
-    a.sort_unstable();
-    b.sort_unstable();
-    a == b
 }
 
 /// GPU counts to bid for: every count up to the demand when the table has room, otherwise
