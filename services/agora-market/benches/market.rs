@@ -224,10 +224,11 @@ fn breakdown(scenario: &Scenario) -> String {
 
         let _ = writeln!(
             text,
-            "  snapshot {index} (t = {} s): {} free GPUs offered, {} active leases, {} bidders, \
+            "  snapshot {index} (seed {}, t = {} s): {} free GPUs offered, {} active leases, {} bidders, \
              {} bid entries; {pf_winners} PF winners, {paying} with c < 1 ({fallbacks} by the LP fallback), \
              {keepers} keep GPUs | \
              clone {:.2} ms, open_round {:.2} ms, bids {:.2} ms, close_round {:.2} ms",
+            snapshot.seed,
             snapshot.now.0 / 1000,
             stats.free_gpus,
             stats.active_leases,
