@@ -8,9 +8,9 @@
 //! - `bid/<scenario>`: `Market::agent_bid` for one bidder of an opened round, rotating through
 //!   every bidder of every snapshot.
 //!
-//! Every individual timing is recorded; at the end of the run the p50/p95/max of each benchmark
-//! and a breakdown of one round per snapshot into its phases are printed and written to
-//! `target/criterion/percentiles.txt`.
+//! Every individual timing is recorded; at the end of the run the p50/p95/max of each benchmark,
+//! a breakdown of one round per snapshot into its phases and the phases' p50/p95/max over the
+//! snapshots are printed and written to `target/criterion/percentiles.txt`.
 //!
 //! Run with `cargo bench -p agora-market --bench market` (add a filter such as `-- 256gpu` to run
 //! one scenario).
@@ -188,6 +188,7 @@ fn breakdown(scenario: &Scenario) -> String {
         .iter()
         .zip(&stats)
         .take(spec.breakdown_rounds);
+    let mut phases = PhaseTimes::default();
     for (index, (snapshot, stats)) in rounds.enumerate() {
         let started = Instant::now();
         let mut market = snapshot.market.clone();
@@ -239,14 +240,36 @@ fn breakdown(scenario: &Scenario) -> String {
             millis(bidding),
             millis(close),
         );
-        let _ = writeln!(text, "{}", auction_phases(&outcome));
+        let (line, times) = auction_phases(&outcome);
+        let _ = writeln!(text, "{line}");
+        phases.bids.push(bidding);
+        phases.pf.push(times.pf);
+        phases.payments.push(times.payments);
+        phases.close.push(close);
     }
+    let _ = writeln!(
+        text,
+        "  over these snapshots, p50 / p95 / max: {}, {}, {}, {}",
+        spread("bids", &mut phases.bids),
+        spread("PF", &mut phases.pf),
+        spread("payments", &mut phases.payments),
+        spread("close_round", &mut phases.close),
+    );
     text
+}
+
+/// The broken-down rounds' phase times, one entry per snapshot.
+#[derive(Default)]
+struct PhaseTimes {
+    bids: Vec<Duration>,
+    pf: Vec<Duration>,
+    payments: Vec<Duration>,
+    close: Vec<Duration>,
 }
 
 /// The round's auction re-run phase by phase (its bids and offer, the same seed): how long
 /// the PF choice, the payments and settling take, and how each was found.
-fn auction_phases(outcome: &RoundOutcome) -> String {
+fn auction_phases(outcome: &RoundOutcome) -> (String, AuctionTimes) {
     let record = outcome
         .auction
         .as_ref()
@@ -262,7 +285,7 @@ fn auction_phases(outcome: &RoundOutcome) -> String {
     drop(black_box(auction.settle(&pf, &payments)));
     let settle_time = started.elapsed();
     let (pf_stats, paid) = (pf.stats(), payments.stats());
-    format!(
+    let line = format!(
         "    auction: PF {:.2} ms ({} components: {} alone, {} by LP, {} by branch and bound), \
          payments {:.2} ms ({} payers: {} certified, {} solved, {} fallbacks; {} programs), \
          settle {:.2} ms",
@@ -278,7 +301,30 @@ fn auction_phases(outcome: &RoundOutcome) -> String {
         paid.fallbacks,
         paid.programs,
         millis(settle_time),
-    )
+    );
+    let times = AuctionTimes {
+        pf: pf_time,
+        payments: payments_time,
+    };
+    (line, times)
+}
+
+/// How long one auction's PF choice and payments took.
+struct AuctionTimes {
+    pf: Duration,
+    payments: Duration,
+}
+
+/// `label p50 / p95 / max ms` of `samples`.
+fn spread(label: &str, samples: &mut [Duration]) -> String {
+    percentiles(samples).map_or_else(String::new, |(p50, p95, max)| {
+        format!(
+            "{label} {:.1} / {:.1} / {:.1} ms",
+            millis(p50),
+            millis(p95),
+            millis(max)
+        )
+    })
 }
 
 fn percentile_report() -> String {
