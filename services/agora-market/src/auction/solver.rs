@@ -516,9 +516,9 @@ fn screen_group<'a>(
             &pf_without_payer,
             starving_served,
             rounding,
-        );
+        )?;
         relaxation.restore(position);
-        screens.push(match screened? {
+        screens.push(match screened {
             Screened::Exact(without_payer) => {
                 let share = ShareBounds::exact(share(with_payer, without_payer));
                 Screen::Settled(Payment::certified(share))

@@ -1369,6 +1369,9 @@ impl Reference<'_> {
         }
         let mut solver = problem.optimise(highs::Sense::Maximise);
         solver.make_quiet();
+        // As the engine's programs: HiGHS keeps one scheduler per thread, sized by the first
+        // program solved on it, and refuses a program asking for another size there.
+        solver.set_threads(std::num::NonZeroU32::MIN);
         solver.set_option("mip_rel_gap", 0.0);
         solver.set_option("mip_abs_gap", 1e-12);
         let solved = solver.solve();
@@ -1453,6 +1456,39 @@ proptest! {
     #[test]
     fn fast_path_matches_one_milp_per_payment(spec in tie_spec()) {
         matches_one_milp_per_payment(&spec)?;
+    }
+}
+
+/// HiGHS sizes one scheduler per thread by the first program solved on it and refuses a
+/// program asking for another size there, so the reference's programs ask for one thread as
+/// the engine's do. The order that once failed one run in about twenty: an instance the
+/// engine settles without a program (the reference's goes first on the thread), then one
+/// whose payments the engine screens with LPs.
+#[test]
+fn the_reference_and_the_engine_share_a_thread_in_either_order() {
+    let bidder = |rho_old, entries: &[(u32, f64)]| BidderSpec {
+        rho_old: Some(rho_old),
+        entries: entries.to_vec(),
+    };
+    let settled_without_programs = Spec {
+        classes: None,
+        gpu_count: 4,
+        bidders: vec![bidder(8.0, &[(883, 1.0)]), bidder(8.0, &[])],
+        seed: 1,
+    };
+    let screened = Spec {
+        classes: None,
+        gpu_count: 4,
+        bidders: vec![
+            bidder(4.0, &[(260, 0.25), (459, 0.5), (308, 0.5)]),
+            bidder(4.0, &[(316, 0.5)]),
+            bidder(8.0, &[(651, 4.0), (488, 4.0), (987, 4.0)]),
+            bidder(4.0, &[(113, 4.0)]),
+        ],
+        seed: 2,
+    };
+    for spec in [&settled_without_programs, &screened] {
+        matches_one_milp_per_payment(spec).unwrap_or_else(|failure| panic!("{failure}"));
     }
 }
 
