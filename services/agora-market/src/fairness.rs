@@ -12,13 +12,14 @@
 //! GPUs; with no throughput table every speed is 1 and nothing changes.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::app::{App, AppKind, JobInfo, PerformanceCurveAgent, SuccessiveHalvingAgent};
 use crate::rho::Rho;
 use crate::throughput::GpuSpeeds;
 use crate::time::Timestamp;
-use crate::topology::{container_of, GpuLocation, Locality};
+use crate::topology::{container_of, GpuLocation, Locality, SLOT};
 
 /// What the estimate needs besides the app and the GPUs: when it is, when the app arrived, how
 /// long the app would take alone on the cluster and how contended the cluster has been.
@@ -116,16 +117,21 @@ pub fn plan_time(
     let mut width = None;
     let mut total = 0.0;
     for jobs in phases.iter().filter(|jobs| !jobs.is_empty()) {
-        let demands: Vec<u32> = jobs.iter().map(|job| job.max_gpus).collect();
-        let needed: usize = job_widths(&job_work(jobs), &demands, ordered.len())
-            .iter()
-            .sum();
-        let pool: &[GpuLocation] = if needed <= footprint.len() {
+        let (work, demands) = (job_work(jobs), job_demands(jobs));
+        let on_all = job_widths(&work, &demands, ordered.len());
+        let pool: &[GpuLocation] = if on_all.iter().sum::<usize>() <= footprint.len() {
             &footprint
         } else {
             &ordered
         };
-        let share = widest_share(jobs, pool.len());
+        let share = if pool.len() == ordered.len() {
+            on_all
+        } else {
+            job_widths(&work, &demands, pool.len())
+        }
+        .into_iter()
+        .max()
+        .unwrap_or(0);
         let (resized, used) = phase_time(jobs, pool, speeds, restart_pause_seconds);
         // Jobs that resize restart anyway, so they may move: to better-placed GPUs elsewhere
         // when the earlier phases' footprint places them worse.
@@ -181,19 +187,14 @@ fn capped(jobs: &[JobInfo], width: usize) -> Vec<JobInfo> {
         .collect()
 }
 
-/// The most GPUs any one job of `jobs` uses when they share `gpu_count` GPUs.
-fn widest_share(jobs: &[JobInfo], gpu_count: usize) -> usize {
-    let demands: Vec<u32> = jobs.iter().map(|job| job.max_gpus).collect();
-    job_widths(&job_work(jobs), &demands, gpu_count)
-        .into_iter()
-        .max()
-        .unwrap_or(0)
-}
-
 fn job_work(jobs: &[JobInfo]) -> Vec<f64> {
     jobs.iter()
         .map(|job| job.iterations_remaining * job.serial_iteration_time)
         .collect()
+}
+
+fn job_demands(jobs: &[JobInfo]) -> Vec<u32> {
+    jobs.iter().map(|job| job.max_gpus).collect()
 }
 
 /// How an app's scheduler shares `gpu_count` GPUs among jobs with the given remaining `work`
@@ -256,12 +257,14 @@ pub fn slowest_useful_speed(
     speeds: &GpuSpeeds,
     restart_pause_seconds: f64,
 ) -> f64 {
+    // One speed, the usual case, is settled without collecting and sorting every GPU's.
+    let first = gpus.first().map(|&gpu| speeds.at(gpu));
+    if gpus.iter().all(|&gpu| Some(speeds.at(gpu)) == first) {
+        return first.unwrap_or(1.0);
+    }
     let mut floors: Vec<f64> = gpus.iter().map(|&gpu| speeds.at(gpu)).collect();
     floors.sort_by(|a, b| b.total_cmp(a));
     floors.dedup();
-    if floors.len() < 2 {
-        return floors.first().copied().unwrap_or(1.0);
-    }
     let slowest = floors[floors.len() - 1];
     let mut best = (f64::INFINITY, slowest);
     for floor in floors {
@@ -325,8 +328,7 @@ fn phase_time_on(
         }
         return (load.into_iter().fold(0.0, f64::max), ordered.to_vec());
     }
-    let demands: Vec<u32> = jobs.iter().map(|job| job.max_gpus).collect();
-    let widths = job_widths(&work, &demands, ordered.len());
+    let widths = job_widths(&work, &job_demands(jobs), ordered.len());
     let placed = place_widths(&widths, &work, ordered, speeds);
     let time = placed
         .iter()
@@ -369,29 +371,51 @@ pub fn place_widths(
             .then(widths[b].cmp(&widths[a]))
             .then(a.cmp(&b))
     });
-    let mut free = FreeGpus::new(pool, speeds);
-    let mut placed = vec![Vec::new(); widths.len()];
-    for job in critical_first {
-        placed[job] = free.take_best_fit(widths[job]);
-    }
-    placed
+    PLACEMENT_BUFFERS.with_borrow_mut(|buffers| {
+        let mut free = FreeGpus::new(pool, speeds, buffers);
+        let mut placed = vec![Vec::new(); widths.len()];
+        for job in critical_first {
+            placed[job] = free.take_best_fit(widths[job]);
+        }
+        placed
+    })
+}
+
+thread_local! {
+    /// Best-fit placement's buffers, kept from one placement to the next on each thread:
+    /// agents place an app's jobs for every bundle they price (thousands a round), and
+    /// allocating these afresh each time was a third of a bid's time. Nothing is carried over
+    /// but capacity: [`FreeGpus::new`] clears them.
+    static PLACEMENT_BUFFERS: RefCell<PlacementBuffers> = RefCell::default();
+}
+
+/// What best-fit placement builds over a pool: which positions are taken, and each topology
+/// level's grouping of them.
+#[derive(Default)]
+struct PlacementBuffers {
+    taken: Vec<bool>,
+    levels: [Level; 3],
 }
 
 /// The free GPUs of a pool, grouped by slot, machine and rack, for best-fit placement.
 struct FreeGpus<'a> {
     pool: &'a [GpuLocation],
     speeds: &'a GpuSpeeds,
-    taken: Vec<bool>,
-    /// Slots, machines and racks, each built when a request first looks at it: most bundles
-    /// fit in a slot or a machine.
-    levels: [Option<Level>; 3],
+    taken: &'a mut Vec<bool>,
+    levels: &'a mut [Level; 3],
 }
 
 /// The containers of one topology level: the pool's positions ordered by container number,
 /// then pool order, and each container with its range of that order and how many of its
-/// positions are free. Agents build one for every bundle they price, so it is flat vectors,
-/// not a map of vectors, and the free counts follow each take instead of being recounted.
+/// positions are free. Built only when a request first looks at the level (most bundles fit
+/// in a slot or a machine), as flat vectors whose free counts follow each take instead of
+/// being recounted.
+#[derive(Default)]
 struct Level {
+    built: bool,
+    /// Container number and pool position packed in one integer, sorted: a plain integer
+    /// sort orders the positions.
+    keyed: Vec<u64>,
     order: Vec<usize>,
     containers: Vec<Container>,
     /// The index in `containers` of each pool position's container.
@@ -405,39 +429,39 @@ struct Container {
 }
 
 impl Level {
-    fn new(pool: &[GpuLocation], level: usize, taken: &[bool]) -> Self {
-        // Container number and position packed in one integer: a plain integer sort.
-        let mut keyed: Vec<u64> = pool
-            .iter()
-            .enumerate()
-            .map(|(position, &location)| {
+    fn build(&mut self, pool: &[GpuLocation], level: usize, taken: &[bool]) {
+        self.keyed.clear();
+        self.keyed
+            .extend(pool.iter().enumerate().map(|(position, &location)| {
                 u64::from(container_of(location, level)) << 32 | position as u64
-            })
-            .collect();
-        keyed.sort_unstable();
+            }));
+        self.keyed.sort_unstable();
         let position_of = |key: u64| (key & u64::from(u32::MAX)) as usize;
-        let mut containers: Vec<Container> = Vec::new();
-        let mut container_at = vec![0; pool.len()];
-        for (index, &key) in keyed.iter().enumerate() {
+        self.containers.clear();
+        self.container_at.clear();
+        self.container_at.resize(pool.len(), 0);
+        for (index, &key) in self.keyed.iter().enumerate() {
             let (number, position) = ((key >> 32) as u32, position_of(key));
-            match containers.last_mut() {
+            match self.containers.last_mut() {
                 Some(last) if last.number == number => last.range.end = index + 1,
-                _ => containers.push(Container {
+                _ => self.containers.push(Container {
                     number,
                     range: index..index + 1,
                     free: 0,
                 }),
             }
-            container_at[position] = containers.len() - 1;
+            self.container_at[position] = self.containers.len() - 1;
             if !taken[position] {
-                containers.last_mut().expect("a container was pushed").free += 1;
+                self.containers
+                    .last_mut()
+                    .expect("a container was pushed")
+                    .free += 1;
             }
         }
-        Self {
-            order: keyed.into_iter().map(position_of).collect(),
-            containers,
-            container_at,
-        }
+        self.order.clear();
+        self.order
+            .extend(self.keyed.iter().map(|&key| position_of(key)));
+        self.built = true;
     }
 
     /// Each container's number, its positions in pool order and how many of them are free,
@@ -453,17 +477,28 @@ impl Level {
     }
 
     fn take(&mut self, position: usize) {
-        self.containers[self.container_at[position]].free -= 1;
+        if self.built {
+            self.containers[self.container_at[position]].free -= 1;
+        }
     }
 }
 
 impl<'a> FreeGpus<'a> {
-    fn new(pool: &'a [GpuLocation], speeds: &'a GpuSpeeds) -> Self {
+    fn new(
+        pool: &'a [GpuLocation],
+        speeds: &'a GpuSpeeds,
+        buffers: &'a mut PlacementBuffers,
+    ) -> Self {
+        buffers.taken.clear();
+        buffers.taken.resize(pool.len(), false);
+        for level in &mut buffers.levels {
+            level.built = false;
+        }
         Self {
             pool,
             speeds,
-            taken: vec![false; pool.len()],
-            levels: [None, None, None],
+            taken: &mut buffers.taken,
+            levels: &mut buffers.levels,
         }
     }
 
@@ -475,21 +510,25 @@ impl<'a> FreeGpus<'a> {
         if count == 0 {
             return Vec::new();
         }
-        let taken = &self.taken;
+        let taken = &*self.taken;
         let (pool, speeds) = (self.pool, self.speeds);
         let mut fitting = None;
         for (index, level) in self.levels.iter_mut().enumerate() {
-            let level = level.get_or_insert_with(|| Level::new(pool, index, taken));
+            if !level.built {
+                level.build(pool, index, taken);
+            }
+            // Speeds are per slot, so a slot's GPUs share one (as all do with no table).
+            let one_speed = index == SLOT || speeds.is_uniform();
             fitting = level
                 .fitting(count)
                 .map(|(number, positions, free)| {
-                    let first = free_positions(positions, taken).take(count);
-                    (
-                        positions,
-                        free,
-                        speeds.slowest(first.map(|item| pool[item])),
-                        number,
-                    )
+                    let speed = if one_speed {
+                        speeds.at(pool[positions[0]])
+                    } else {
+                        let first = free_positions(positions, taken).take(count);
+                        speeds.slowest(first.map(|item| pool[item]))
+                    };
+                    (positions, free, speed, number)
                 })
                 .min_by(|a, b| b.2.total_cmp(&a.2).then(a.1.cmp(&b.1)).then(a.3.cmp(&b.3)))
                 .map(|(positions, ..)| positions);
@@ -506,7 +545,7 @@ impl<'a> FreeGpus<'a> {
         };
         for &position in &chosen {
             self.taken[position] = true;
-            for level in self.levels.iter_mut().flatten() {
+            for level in self.levels.iter_mut() {
                 level.take(position);
             }
         }

@@ -207,6 +207,11 @@ impl GpuSpeeds {
             .count()
     }
 
+    /// Whether every GPU runs the app at 1.0 (it has no table).
+    pub fn is_uniform(&self) -> bool {
+        self.by_slot.is_none()
+    }
+
     /// The speed on the GPU at `location` (1.0 outside the cluster).
     pub fn at(&self, location: GpuLocation) -> f64 {
         self.by_slot

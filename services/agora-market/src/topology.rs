@@ -412,7 +412,7 @@ pub struct PlacementIndex {
 /// then by number.
 type LevelRank = (bool, std::cmp::Reverse<usize>, u32);
 
-const SLOT: usize = 0;
+pub(crate) const SLOT: usize = 0;
 const MACHINE: usize = 1;
 const RACK: usize = 2;
 
