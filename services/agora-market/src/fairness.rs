@@ -384,8 +384,8 @@ pub fn place_widths(
 thread_local! {
     /// Best-fit placement's buffers, kept from one placement to the next on each thread:
     /// agents place an app's jobs for every bundle they price (thousands a round), and
-    /// allocating these afresh each time was a third of a bid's time. Nothing is carried over
-    /// but capacity: [`FreeGpus::new`] clears them.
+    /// allocation was a third of a bid's time, these buffers its largest part. Nothing is
+    /// carried over but capacity: [`FreeGpus::new`] clears them.
     static PLACEMENT_BUFFERS: RefCell<PlacementBuffers> = RefCell::default();
 }
 
