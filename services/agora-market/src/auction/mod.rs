@@ -18,7 +18,7 @@
 
 mod solver;
 
-pub use solver::{PaymentBudget, PaymentStats, PfStats, ShareBounds};
+pub use solver::{PaymentBudget, PaymentStats, PfBudget, PfStats, ShareBounds};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -133,6 +133,11 @@ pub struct AuctionOutcome {
     /// not seconds, so a replay reaches the same list.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub payment_fallbacks: Vec<AppId>,
+    /// Bidders whose conflict component's PF choice is the best found within the [`PfBudget`]
+    /// of branch-and-bound nodes, not proved optimal; their payments are all LP fallbacks
+    /// (docs/mechanism.md). Nodes, not seconds: a replay reaches the same choice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pf_fallbacks: Vec<AppId>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -192,13 +197,12 @@ pub struct Auction<'a> {
 /// The PF choice of an [`Auction`].
 #[derive(Debug, Clone)]
 pub struct PfChoice {
-    options: Choice,
-    stats: PfStats,
+    solved: solver::Pf,
 }
 
 impl PfChoice {
     pub fn stats(&self) -> PfStats {
-        self.stats
+        self.solved.stats
     }
 }
 
@@ -227,10 +231,16 @@ impl<'a> Auction<'a> {
         })
     }
 
-    /// The proportional-fair choice.
+    /// The proportional-fair choice within the default budget, the one rounds use.
     pub fn proportional_fair(&self) -> Result<PfChoice, AuctionError> {
-        let (options, stats) = solver::proportional_fair(&self.instance, &self.structure)?;
-        Ok(PfChoice { options, stats })
+        self.proportional_fair_within(PfBudget::default())
+    }
+
+    /// The proportional-fair choice; a component whose branch and bound needs more than
+    /// `budget` keeps the best choice found, listed in [`AuctionOutcome::pf_fallbacks`].
+    pub fn proportional_fair_within(&self, budget: PfBudget) -> Result<PfChoice, AuctionError> {
+        let solved = solver::proportional_fair(&self.instance, &self.structure, budget)?;
+        Ok(PfChoice { solved })
     }
 
     /// Every bidder's hidden payment within the default budget, the one rounds use, for the
@@ -247,12 +257,13 @@ impl<'a> Auction<'a> {
         seed: u64,
         budget: PaymentBudget,
     ) -> Result<Payments, AuctionError> {
-        let draws = rounding_draws(&pf.options, seed);
-        let roundings = self.instance.roundings(&pf.options, &draws);
+        let options = &pf.solved.options;
+        let draws = rounding_draws(options, seed);
+        let roundings = self.instance.roundings(options, &draws);
         let shares = solver::payments(
             &self.instance,
             &self.structure,
-            &pf.options,
+            &pf.solved,
             &roundings,
             budget,
         )?;
@@ -262,7 +273,14 @@ impl<'a> Auction<'a> {
     /// Rounds the shares to whole GPUs with the payments' draws and gives each winner concrete
     /// GPUs.
     pub fn settle(&self, pf: &PfChoice, payments: &Payments) -> AuctionOutcome {
-        self.instance.settle(&pf.options, payments)
+        let mut outcome = self.instance.settle(&pf.solved.options, payments);
+        let fell_back = pf.solved.bidders_fell_back(&self.structure);
+        outcome.pf_fallbacks = (self.instance.bidders.iter().zip(fell_back))
+            .filter(|(_, fell_back)| *fell_back)
+            .map(|(bidder, _)| bidder.bid.app.clone())
+            .collect();
+        outcome.pf_fallbacks.sort();
+        outcome
     }
 }
 

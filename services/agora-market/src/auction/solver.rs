@@ -23,13 +23,16 @@
 //!   in components up to a fixed size ([`PaymentBudget`]);
 //!   past it, the payer pays against the LP relaxation (the LP counterfactual, never less
 //!   than the exact payment) and is reported as a fallback (docs/mechanism.md);
+//! - a PF program's branch and bound has a deterministic budget of nodes ([`PfBudget`]) that
+//!   bids following the topology never reach; a component past it keeps the best choice found
+//!   and is reported as a PF fallback, and its payments run no binary program;
 //! - the groups of payers, and the components' PF programs, run in parallel, one HiGHS thread
 //!   each.
 
 use std::num::NonZeroU32;
 use std::ops::Range;
 
-use highs::{Col, HighsModelStatus, Model, RowProblem, Sense};
+use highs::{Col, HighsModelStatus, HighsSolutionStatus, Model, RowProblem, Sense};
 use serde::{Deserialize, Serialize};
 
 use super::{AuctionError, Choice, Instance, Rounding};
@@ -62,13 +65,35 @@ impl Default for PaymentBudget {
     fn default() -> Self {
         Self {
             programs: DEFAULT_PAYMENT_PROGRAMS,
-            branch_and_bound_nodes: 2_000,
+            branch_and_bound_nodes: DEFAULT_BRANCH_AND_BOUND_NODES,
             largest_component: LARGE_COMPONENT,
         }
     }
 }
 
 const DEFAULT_PAYMENT_PROGRAMS: usize = 4;
+
+/// How much branch and bound each PF program may use, counted in nodes (not seconds) so that a
+/// replay reaches the same choice on any machine. A component whose program runs out keeps the
+/// best choice found so far (see [`PfStats::fallbacks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PfBudget {
+    pub branch_and_bound_nodes: u32,
+}
+
+impl Default for PfBudget {
+    fn default() -> Self {
+        Self {
+            branch_and_bound_nodes: DEFAULT_BRANCH_AND_BOUND_NODES,
+        }
+    }
+}
+
+/// Nodes per binary program, PF or payment. Every program of the round and auction benchmarks
+/// and of the shipped workloads ends within 7 nodes (BENCHMARKS.md), so this never binds on
+/// them; bundles drawn anywhere (bids a tenant may post) make programs of 20 bidders need
+/// thousands, at several milliseconds each, and would hold a round for minutes.
+const DEFAULT_BRANCH_AND_BOUND_NODES: u32 = 200;
 
 /// How the PF choice was found, per component.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +107,10 @@ pub struct PfStats {
     pub by_relaxation: usize,
     /// Components that needed branch and bound.
     pub by_branch_and_bound: usize,
+    /// Components whose branch and bound ran out of its [`PfBudget`]: their choice is the best
+    /// found, not proved optimal, and their payments run no binary program.
+    #[serde(default)]
+    pub fallbacks: usize,
 }
 
 /// How the hidden payments were found.
@@ -157,44 +186,81 @@ impl Structure {
 pub(super) fn proportional_fair(
     instance: &Instance,
     structure: &Structure,
-) -> Result<(Choice, PfStats), AuctionError> {
+    budget: PfBudget,
+) -> Result<Pf, AuctionError> {
     let context = Context {
         instance,
         contested: &structure.contested,
     };
     let components = &structure.components;
     let choices = tracing::info_span!("pf_solve", components = components.len())
-        .in_scope(|| parallel_map(components, |members| pf_choice(&context, members)));
-    let mut options: Choice = vec![None; instance.bidders.len()];
-    let mut stats = PfStats {
-        components: components.len(),
-        ..PfStats::default()
+        .in_scope(|| parallel_map(components, |members| pf_choice(&context, members, budget)));
+    let mut pf = Pf {
+        options: vec![None; instance.bidders.len()],
+        fell_back: vec![false; components.len()],
+        stats: PfStats {
+            components: components.len(),
+            ..PfStats::default()
+        },
     };
-    for (members, choice) in components.iter().zip(choices) {
+    for ((members, choice), fell_back) in components.iter().zip(choices).zip(&mut pf.fell_back) {
         let (choice, method) = choice?;
+        let stats = &mut pf.stats;
         match method {
             Method::Alone => stats.alone += 1,
             Method::Relaxation => stats.by_relaxation += 1,
             Method::BranchAndBound => stats.by_branch_and_bound += 1,
+            Method::Fallback => {
+                stats.fallbacks += 1;
+                *fell_back = true;
+            }
         }
         for (&member, option) in members.iter().zip(choice) {
-            options[member] = option;
+            pf.options[member] = option;
         }
     }
-    Ok((options, stats))
+    Ok(pf)
 }
 
-/// Every bidder's share c_i given the PF choice `options`, as precisely as each winner's
+/// The PF choice of every bidder, and which components' choices are only the best found.
+#[derive(Debug, Clone)]
+pub(super) struct Pf {
+    pub options: Choice,
+    /// By component, in [`Structure`] order: whether its branch and bound ran out of budget.
+    pub fell_back: Vec<bool>,
+    pub stats: PfStats,
+}
+
+impl Pf {
+    /// By bidder: whether its component kept a choice not proved optimal.
+    pub fn bidders_fell_back(&self, structure: &Structure) -> Vec<bool> {
+        let mut bidders = vec![false; self.options.len()];
+        for (members, _) in structure
+            .components
+            .iter()
+            .zip(&self.fell_back)
+            .filter(|(_, fell_back)| **fell_back)
+        {
+            for &member in members {
+                bidders[member] = true;
+            }
+        }
+        bidders
+    }
+}
+
+/// Every bidder's share c_i given the PF choice `pf`, as precisely as each winner's
 /// `roundings` needs. Only winners in components of two or more bidders pay anything.
 ///
 /// Every payment is screened first (LP bounds and cheap choices, in parallel per group of
 /// payers); the payments whose bracket leaves the GPUs kept open then share the budget's
 /// binary programs, most GPUs at stake first, and the others fall back to the LP
-/// counterfactual.
+/// counterfactual. So do those of a component whose PF choice fell back: its program is one
+/// branch and bound cannot finish, and each payment's would be as hard.
 pub(super) fn payments(
     instance: &Instance,
     structure: &Structure,
-    options: &Choice,
+    pf: &Pf,
     roundings: &[Option<Rounding>],
     budget: PaymentBudget,
 ) -> Result<Shares, AuctionError> {
@@ -202,11 +268,13 @@ pub(super) fn payments(
         instance,
         contested: &structure.contested,
     };
+    let options = &pf.options;
     let groups: Vec<PayerGroup> = structure
         .components
         .iter()
-        .filter(|members| members.len() > 1)
-        .flat_map(|members| {
+        .zip(&pf.fell_back)
+        .filter(|(members, _)| members.len() > 1)
+        .flat_map(|(members, &fell_back)| {
             let payers: Vec<usize> = (0..members.len())
                 .filter(|&position| options[members[position]].is_some())
                 .collect();
@@ -214,9 +282,11 @@ pub(super) fn payments(
                 .chunks(PAYERS_PER_MODEL)
                 .map(<[usize]>::to_vec)
                 .collect();
-            chunks
-                .into_iter()
-                .map(move |payers| PayerGroup { members, payers })
+            chunks.into_iter().map(move |payers| PayerGroup {
+                members,
+                payers,
+                programs_allowed: !fell_back,
+            })
         })
         .collect();
     let payers: usize = groups.iter().map(|group| group.payers.len()).sum();
@@ -283,8 +353,8 @@ fn tally(bidders: usize, settled: Vec<(usize, Payment)>) -> Shares {
 }
 
 /// Which open payments may run binary programs within the budget's programs, as (index into
-/// `open`, programs allotted): each payment of a component no larger than the budget allows is
-/// allotted the most its bisection can take, most GPUs at stake first (ties: the narrower LP
+/// `open`, programs allotted): each payment of a component no larger than the budget allows,
+/// and whose PF choice did not fall back, is allotted the most its bisection can take, most GPUs at stake first (ties: the narrower LP
 /// bracket, then the payer's place in the content order, never its name), until the budget is
 /// spent. Allotting the worst case up front keeps the choice independent of what the programs
 /// find, so the payments can run in parallel and a replay takes the same decisions.
@@ -303,7 +373,8 @@ fn allot_programs(open: &[OpenPayment], budget: PaymentBudget) -> Vec<(usize, us
         .map(|index| {
             let payment = &open[index];
             let most = payment.most_programs();
-            let fits = payment.component_size <= budget.largest_component;
+            let fits =
+                payment.programs_allowed && payment.component_size <= budget.largest_component;
             let allotted = if fits && most <= left { most } else { 0 };
             left -= allotted;
             (index, allotted)
@@ -322,6 +393,8 @@ enum Method {
     Alone,
     Relaxation,
     BranchAndBound,
+    /// Branch and bound ran out of its [`PfBudget`]: the best choice found.
+    Fallback,
 }
 
 /// The PF choice within one component, in `members` order: lexicographic maximum Nash
@@ -329,10 +402,12 @@ enum Method {
 /// together; the second maximises the sum of log-valuations serving exactly that many. (A
 /// single program with a large weight on the first tier mixes magnitudes: branch and bound
 /// then has to prove a welfare gap of 1e-9 on objectives in the thousands, and was measured
-/// to branch for seconds.)
+/// to branch for seconds.) When either program runs out of `budget`, the choice is the best
+/// found ([`Method::Fallback`]).
 fn pf_choice(
     context: &Context,
     members: &[usize],
+    budget: PfBudget,
 ) -> Result<(Vec<Option<usize>>, Method), AuctionError> {
     let instance = context.instance;
     if let [only] = members {
@@ -340,18 +415,29 @@ fn pf_choice(
     }
     let starving = |member: usize| instance.bidders[member].is_starving();
     let starving_members: Vec<usize> = members.iter().copied().filter(|&m| starving(m)).collect();
+    // The count's choice, in `members` order, serves exactly the count: a choice the second
+    // program can always fall back on.
+    let mut counted = vec![None; members.len()];
     let (starving_served, first) = if starving_members.is_empty() {
         (None, Method::Relaxation)
     } else {
         // The others serve no starving bidder and can always take nothing: they are left out
         // of the count's program, which is then over the starving alone.
         let served = |_, _| 1.0;
-        let (choice, method) = optimum(context, &starving_members, served, None)?;
-        (Some(choice.iter().flatten().count()), method)
+        let nothing = vec![None; starving_members.len()];
+        let (choice, method) = optimum(context, &starving_members, served, None, nothing, budget)?;
+        let mut choice_of_starving = choice.into_iter();
+        for (option, &member) in counted.iter_mut().zip(members) {
+            if starving(member) {
+                *option = choice_of_starving.next().flatten();
+            }
+        }
+        (Some(counted.iter().flatten().count()), method)
     };
     let gain = |member, option| instance.gain(member, option);
-    let (choice, second) = optimum(context, members, gain, starving_served)?;
+    let (choice, second) = optimum(context, members, gain, starving_served, counted, budget)?;
     let method = match (first, second) {
+        (Method::Fallback, _) | (_, Method::Fallback) => Method::Fallback,
         (Method::Relaxation, Method::Relaxation) => Method::Relaxation,
         _ => Method::BranchAndBound,
     };
@@ -360,12 +446,16 @@ fn pf_choice(
 
 /// An optimal choice of the program over `members` with column weights `weight`, serving
 /// exactly `starving_served` starving members when given: by its LP relaxation when that is
-/// integral, by branch and bound otherwise.
+/// integral, by branch and bound otherwise. When branch and bound runs out of `budget`, the
+/// best of its incumbent, the LP optimum rounded and `feasible` (a choice the program
+/// allows), each improved by local moves.
 fn optimum(
     context: &Context,
     members: &[usize],
     weight: impl Fn(usize, usize) -> f64 + Copy,
     starving_served: Option<usize>,
+    feasible: Vec<Option<usize>>,
+    budget: PfBudget,
 ) -> Result<(Vec<Option<usize>>, Method), AuctionError> {
     let mut relaxation = Relaxation::new(context, members, weight, starving_served);
     let screening = relaxation.solve_integral("proportional-fair", None)?;
@@ -376,18 +466,36 @@ fn optimum(
     // starving served) needs no branch and bound: the LP optimum rounded and improved finds
     // such a choice in 29 of 30 count programs of the round benchmark; a dive found none of
     // the others (BENCHMARKS.md).
-    let rounded = relaxation
-        .formulation
+    let formulation = &relaxation.formulation;
+    let rounded = formulation
         .rounded(context, members, &screening.values, starving_served)
         .map(|start| improve(context, members, start, None, weight));
-    if let Some(choice) =
-        rounded.filter(|choice| relaxation.formulation.attains(choice, screening.bound))
+    if let Some(choice) = rounded
+        .as_ref()
+        .filter(|choice| formulation.attains(choice, screening.bound))
     {
-        return Ok((choice, Method::Relaxation));
+        return Ok((choice.clone(), Method::Relaxation));
     }
     let program = Program::new(context, members, starving_served, weight, |_, _| true);
-    let choice = program.solve("proportional-fair")?;
-    Ok((choice, Method::BranchAndBound))
+    match program.solve("proportional-fair", budget.branch_and_bound_nodes)? {
+        Solved::Optimal(choice) => Ok((choice, Method::BranchAndBound)),
+        Solved::OutOfBudget(incumbent) => {
+            let best = [incumbent, rounded, Some(feasible)]
+                .into_iter()
+                .flatten()
+                .map(|start| improve(context, members, start, None, weight))
+                // The first of equals: the incumbent, then the rounding.
+                .reduce(|best, next| {
+                    if formulation.worth(&next) > formulation.worth(&best) {
+                        next
+                    } else {
+                        best
+                    }
+                })
+                .expect("the feasible choice is a candidate");
+            Ok((best, Method::Fallback))
+        }
+    }
 }
 
 /// Payers of one component whose payments share one LP model.
@@ -395,6 +503,8 @@ struct PayerGroup<'a> {
     members: &'a [usize],
     /// Positions in `members`.
     payers: Vec<usize>,
+    /// Whether open payments may run binary programs: not when the PF choice fell back.
+    programs_allowed: bool,
 }
 
 /// A payment: its share, the binary programs it took, and whether it fell back to the LP
@@ -431,6 +541,8 @@ struct OpenPayment<'a> {
     position: usize,
     /// The component's size, in members times columns ([`Relaxation::size`]).
     component_size: usize,
+    /// See [`PayerGroup::programs_allowed`].
+    programs_allowed: bool,
     starving_served: usize,
     rounding: Rounding,
     bracket: Bracket,
@@ -531,6 +643,7 @@ fn screen_group<'a>(
                 members,
                 position,
                 component_size: relaxation.size(),
+                programs_allowed: group.programs_allowed,
                 starving_served,
                 rounding,
                 bracket,
@@ -1497,11 +1610,12 @@ impl Program {
         }
     }
 
-    /// The optimal choice in member order.
-    fn solve(mut self, program: &'static str) -> Result<Vec<Option<usize>>, AuctionError> {
-        let mut choice = vec![None; self.formulation.columns_of.len()];
+    /// The optimal choice in member order, or the best found within `nodes` of branch and
+    /// bound (`None` when none was found).
+    fn solve(mut self, program: &'static str, nodes: u32) -> Result<Solved, AuctionError> {
+        let choice = vec![None; self.formulation.columns_of.len()];
         if self.formulation.columns.is_empty() {
-            return Ok(choice);
+            return Ok(Solved::Optimal(choice));
         }
         let mut model = self.model();
         // Measured on the auction benchmark's identical instances (BENCHMARKS.md): without
@@ -1511,19 +1625,42 @@ impl Program {
         // often slower as faster.)
         model.set_option("mip_heuristic_run_rins", false);
         model.set_option("mip_heuristic_run_rens", false);
-        let solved = solved_optimal(model, program)?;
-        for (&value, &(position, option)) in solved
-            .get_solution()
-            .columns()
-            .iter()
-            .zip(&self.formulation.columns)
-        {
-            if value > 0.5 {
-                choice[position] = Some(option);
+        model.set_option("mip_max_nodes", i32::try_from(nodes).unwrap_or(i32::MAX));
+        let solved = solve_status(model, program)?;
+        let chosen = |solved: &highs::SolvedModel| {
+            let mut choice = choice.clone();
+            for (&value, &(position, option)) in solved
+                .get_solution()
+                .columns()
+                .iter()
+                .zip(&self.formulation.columns)
+            {
+                if value > 0.5 {
+                    choice[position] = Some(option);
+                }
             }
+            choice
+        };
+        match solved.status() {
+            HighsModelStatus::Optimal => Ok(Solved::Optimal(chosen(&solved))),
+            // HiGHS ends a search stopped by the node limit with either status.
+            HighsModelStatus::ReachedSolutionLimit | HighsModelStatus::ReachedIterationLimit => {
+                let found = solved.primal_solution_status() == HighsSolutionStatus::Feasible;
+                Ok(Solved::OutOfBudget(found.then(|| chosen(&solved))))
+            }
+            status => Err(AuctionError::Solver {
+                program,
+                detail: format!("ended with status {status:?}"),
+            }),
         }
-        Ok(choice)
     }
+}
+
+/// What branch and bound found within its nodes.
+enum Solved {
+    Optimal(Vec<Option<usize>>),
+    /// The budget ran out: the best choice found, if any.
+    OutOfBudget(Option<Vec<Option<usize>>>),
 }
 
 fn solve_status(model: Model, program: &'static str) -> Result<highs::SolvedModel, AuctionError> {

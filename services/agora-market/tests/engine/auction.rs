@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use agora_market::app::AppId;
 use agora_market::auction::{
     run_auction, AppBid, Auction, AuctionError, AuctionOutcome, BidEntry, Offer, OfferedGpu,
-    PaymentBudget, PaymentStats, ShareBounds,
+    PaymentBudget, PaymentStats, PfBudget, ShareBounds,
 };
 use agora_market::rho::Rho;
 use agora_market::topology::{GpuId, GpuLocation};
@@ -1792,6 +1792,138 @@ fn a_payment_is_decided_only_as_far_as_its_rounding_needs_and_falls_back_past_it
         heavier, by_program,
         "draws where the fallback keeps fewer GPUs"
     );
+}
+
+/// No branch and bound at all: every PF program the LP cannot settle falls back.
+const NO_PF_NODES: PfBudget = PfBudget {
+    branch_and_bound_nodes: 0,
+};
+
+#[test]
+fn a_pf_program_out_of_nodes_keeps_the_best_choice_found_and_says_so() {
+    // a, b and c want two of g0..g2 each, in an odd cycle: the LP relaxation takes half of
+    // each (1.5 ln 2) where only one can win (ln 2), so only branch and bound proves the
+    // optimum. d, alone on g3, is a component of its own and never needs a program.
+    let offer = plain_offer(&["g0", "g1", "g2", "g3"]);
+    let bids = [
+        bid("a", Some(2.0), &[(&["g0", "g1"], 1.0)]),
+        bid("b", Some(2.0), &[(&["g1", "g2"], 1.0)]),
+        bid("c", Some(2.0), &[(&["g0", "g2"], 1.0)]),
+        bid("d", Some(2.0), &[(&["g3"], 1.0)]),
+    ];
+    let auction = Auction::new(&offer, &bids).expect("valid");
+    let exact = auction.proportional_fair().expect("solved");
+    assert_eq!(exact.stats().by_branch_and_bound, 1);
+    assert_eq!(exact.stats().fallbacks, 0);
+    let exact_outcome = auction.settle(&exact, &auction.payments(&exact, 0).expect("paid"));
+    assert!(exact_outcome.pf_fallbacks.is_empty());
+
+    let found = auction
+        .proportional_fair_within(NO_PF_NODES)
+        .expect("closes");
+    assert_eq!((found.stats().fallbacks, found.stats().alone), (1, 1));
+    let payments = auction.payments(&found, 0).expect("paid");
+    assert_eq!(payments.stats().programs, 0, "{:?}", payments.stats());
+    let outcome = auction.settle(&found, &payments);
+    // The LP optimum rounded keeps one of the three, which is optimal here; the outcome says
+    // the choice was not proved so, for the component's bidders only.
+    let winners: Vec<&str> = ["a", "b", "c"]
+        .into_iter()
+        .filter(|name| outcome.pf[&app(name)].is_some())
+        .collect();
+    assert_eq!(winners.len(), 1, "{outcome:?}");
+    assert_eq!(outcome.pf[&app("d")], Some(0));
+    assert_eq!(outcome.pf_fallbacks, vec![app("a"), app("b"), app("c")]);
+    // Without the winner the other two still conflict on one GPU: one of them wins ln 2, so
+    // the winner keeps half its bundle, exactly, as with the proved choice.
+    assert_close(outcome.c[&app(winners[0])], 0.5, 1e-9, "the winner's share");
+    check_outcome(&offer, &bids, &outcome);
+    let json = serde_json::to_value(&outcome).expect("serialisable");
+    assert_eq!(json["pf_fallbacks"], serde_json::json!(["a", "b", "c"]));
+    let without = serde_json::to_value(&exact_outcome).expect("serialisable");
+    assert!(without.get("pf_fallbacks").is_none(), "{without}");
+}
+
+/// The PF choice and payments of `spec` with no branch and bound for the PF choice.
+fn run_without_pf_nodes(offer: &Offer, bids: &[AppBid], seed: u64) -> AuctionOutcome {
+    let auction = Auction::new(offer, bids).expect("valid");
+    let pf = auction
+        .proportional_fair_within(NO_PF_NODES)
+        .expect("closes");
+    let payments = auction.payments(&pf, seed).expect("paid");
+    auction.settle(&pf, &payments)
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Out of branch-and-bound nodes, the PF choice is still a feasible choice of eligible
+    /// entries, never better than the optimum (lexicographically: starving served, then
+    /// welfare), and listed whole components at a time; a component the LP settles is as
+    /// without a budget. The same inputs give the same outcome.
+    #[test]
+    fn a_pf_choice_out_of_nodes_is_feasible_no_better_than_optimal_and_listed(
+        spec in tie_spec()
+    ) {
+        let (offer, bids) = (spec.offer(), spec.bids());
+        let auction = Auction::new(&offer, &bids).expect("valid");
+        let needed_branching = auction.proportional_fair().expect("solved").stats().by_branch_and_bound;
+        let outcome = run_without_pf_nodes(&offer, &bids, spec.seed);
+        prop_assert_eq!(&outcome, &run_without_pf_nodes(&offer, &bids, spec.seed));
+        if needed_branching == 0 {
+            prop_assert!(outcome.pf_fallbacks.is_empty());
+            prop_assert_eq!(&outcome, &run(&offer, &bids, spec.seed));
+            return Ok(());
+        }
+        prop_assert!(!outcome.pf_fallbacks.is_empty());
+        let model = Model::new(&offer, &bids);
+        let choice = model.choice_of(&outcome);
+        prop_assert!(model.is_feasible(&choice), "{:?}", choice);
+        for (bidder, entry) in choice.iter().enumerate() {
+            prop_assert!(entry.is_none_or(|entry| model.eligible(bidder, entry)));
+        }
+        let (served, welfare) = (model.starving_served(&choice, None), model.welfare(&choice, None));
+        let (best_served, best_welfare) = model.pf_optimum();
+        prop_assert!(
+            served < best_served || (served == best_served && welfare <= best_welfare + 1e-9),
+            "({}, {}) beats the optimum ({}, {})", served, welfare, best_served, best_welfare
+        );
+        let reference = Reference { model: &model };
+        let listed: BTreeSet<&AppId> = outcome.pf_fallbacks.iter().collect();
+        for (bidder, model_bidder) in model.bidders.iter().enumerate() {
+            if listed.contains(&model_bidder.app) {
+                for other in reference.component_of(bidder) {
+                    prop_assert!(listed.contains(&model.bidders[other].app));
+                }
+            }
+        }
+    }
+
+    /// Which choice a PF program out of nodes keeps depends on what the bidders bid, never on
+    /// their names or order (identical bidders aside, told apart by name as the last
+    /// tie-break).
+    #[test]
+    fn a_pf_choice_out_of_nodes_does_not_depend_on_names(spec in tie_spec()) {
+        let (offer, bids) = (spec.offer(), spec.bids());
+        let contents: BTreeSet<String> = bids
+            .iter()
+            .map(|bid| format!("{:?} {:?}", bid.rho_old, bid.bids))
+            .collect();
+        prop_assume!(contents.len() == bids.len(), "two bidders bid the same");
+        let rename = |app: &AppId| AppId(format!("z{}", 99 - app.0[3..].parse::<u32>().expect("app<n>")));
+        let renamed: Vec<AppBid> = bids
+            .iter()
+            .rev()
+            .map(|bid| AppBid { app: rename(&bid.app), ..bid.clone() })
+            .collect();
+        let outcome = run_without_pf_nodes(&offer, &bids, spec.seed);
+        let twin = run_without_pf_nodes(&offer, &renamed, spec.seed);
+        for (app, entry) in &outcome.pf {
+            prop_assert_eq!(*entry, twin.pf[&rename(app)], "PF entry of {}", app);
+        }
+        let listed: BTreeSet<AppId> = outcome.pf_fallbacks.iter().map(rename).collect();
+        prop_assert_eq!(listed, twin.pf_fallbacks.iter().cloned().collect::<BTreeSet<_>>());
+    }
 }
 
 #[test]
