@@ -168,6 +168,28 @@ async fn full_flow_register_offer_bid_lease_expiry_reauction_finish_and_audit() 
         "{:?}",
         replay.differences
     );
+    // So is a PF choice stored as the best found within the node budget that the engine proves.
+    let (round,): (i64,) = sqlx::query_as(
+        "UPDATE round_allocations SET pf_fallback = true
+          WHERE (round_id, app_id) = (SELECT round_id, app_id FROM round_allocations
+                                       WHERE pf_entry IS NOT NULL ORDER BY round_id DESC LIMIT 1)
+          RETURNING round_id",
+    )
+    .fetch_one(service.running.store.pool())
+    .await
+    .expect("a round with a PF winner");
+    let replay = replay_round(&service.running.store, RoundId(round))
+        .await
+        .expect("replay");
+    assert!(
+        !replay.matches
+            && replay
+                .differences
+                .iter()
+                .any(|difference| difference.contains("pf_fallback: true")),
+        "{:?}",
+        replay.differences
+    );
     service.running.stop().await;
 }
 

@@ -205,6 +205,7 @@ pub fn allocation_rows_of(
         pf_gpus: Vec::new(),
         c: None,
         c_fallback: false,
+        pf_fallback: false,
         kept_gpus: Vec::new(),
         leftover_gpus: Vec::new(),
     };
@@ -216,6 +217,7 @@ pub fn allocation_rows_of(
             row.pf_gpus = decided.pf_gpus.get(app).cloned().unwrap_or_default();
             row.c = decided.c.get(app).copied();
             row.c_fallback = decided.payment_fallbacks.contains(app);
+            row.pf_fallback = decided.pf_fallbacks.contains(app);
             row.kept_gpus = decided.allocation.get(app).cloned().unwrap_or_default();
         }
     }
@@ -318,5 +320,35 @@ fn json_name(value: &impl serde::Serialize) -> Result<String, ArbiterError> {
     match to_json(value)? {
         Value::String(name) => Ok(name),
         other => Ok(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each fallback flag marks exactly the apps the auction's outcome lists.
+    #[test]
+    fn allocation_rows_carry_both_fallbacks_of_the_outcome() {
+        let (proved, found) = (AppId::from("1"), AppId::from("2"));
+        let gpu = GpuId("m0-g0".to_owned());
+        let outcome = AuctionOutcome {
+            pf: BTreeMap::from([(proved.clone(), None), (found.clone(), Some(0))]),
+            pf_gpus: BTreeMap::from([(found.clone(), vec![gpu.clone()])]),
+            c: BTreeMap::from([(proved.clone(), 1.0), (found.clone(), 0.5)]),
+            allocation: BTreeMap::from([(found.clone(), vec![gpu])]),
+            payment_fallbacks: vec![found.clone()],
+            pf_fallbacks: vec![found],
+            ..AuctionOutcome::default()
+        };
+        let rows = allocation_rows_of(Some(&outcome), &BTreeMap::new()).expect("rows");
+        let flags: Vec<(AppKey, bool, bool)> = rows
+            .iter()
+            .map(|row| (row.app, row.c_fallback, row.pf_fallback))
+            .collect();
+        assert_eq!(
+            flags,
+            vec![(AppKey(1), false, false), (AppKey(2), true, true)]
+        );
     }
 }

@@ -630,8 +630,8 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         let allocations = sqlx::query!(
-            r#"SELECT app_id AS "app_id: AppKey", pf_entry, pf_gpus, c, c_fallback, kept_gpus,
-                      leftover_gpus
+            r#"SELECT app_id AS "app_id: AppKey", pf_entry, pf_gpus, c, c_fallback, pf_fallback,
+                      kept_gpus, leftover_gpus
                FROM round_allocations WHERE round_id = $1 ORDER BY app_id"#,
             id.0
         )
@@ -644,6 +644,7 @@ impl Store {
             pf_gpus: gpu_ids(row.pf_gpus),
             c: row.c,
             c_fallback: row.c_fallback,
+            pf_fallback: row.pf_fallback,
             kept_gpus: gpu_ids(row.kept_gpus),
             leftover_gpus: gpu_ids(row.leftover_gpus),
         })

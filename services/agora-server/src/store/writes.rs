@@ -88,6 +88,9 @@ pub struct AllocationRow {
     pub c: Option<f64>,
     /// c is against the LP counterfactual: the payment's programs did not fit the budget.
     pub c_fallback: bool,
+    /// The PF choice of the app's conflict component is the best found within the PF
+    /// programs' budget, not a proved optimum.
+    pub pf_fallback: bool,
     pub kept_gpus: Vec<GpuId>,
     pub leftover_gpus: Vec<GpuId>,
 }
@@ -592,14 +595,15 @@ async fn write_closed_round(
     for row in &round.allocations {
         sqlx::query!(
             "INSERT INTO round_allocations (round_id, app_id, pf_entry, pf_gpus, c, c_fallback,
-                                            kept_gpus, leftover_gpus)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                                            pf_fallback, kept_gpus, leftover_gpus)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             round.id.0,
             row.app.0,
             row.pf_entry,
             &gpu_texts(&row.pf_gpus),
             row.c,
             row.c_fallback,
+            row.pf_fallback,
             &gpu_texts(&row.kept_gpus),
             &gpu_texts(&row.leftover_gpus)
         )
