@@ -423,11 +423,13 @@ impl fmt::Display for Timings {
         )?;
         writeln!(
             f,
-            "  pf solve    {:>10.3}  ({} alone, {} by LP relaxation, {} by branch and bound)",
+            "  pf solve    {:>10.3}  ({} alone, {} by LP relaxation, {} by branch and bound, \
+             {} best found within the node budget)",
             millis(self.pf_solve),
             pf.alone,
             pf.by_relaxation,
-            pf.by_branch_and_bound
+            pf.by_branch_and_bound,
+            pf.fallbacks
         )?;
         writeln!(
             f,
