@@ -10,8 +10,11 @@
 //! The naive MILP is what a first implementation would write: one binary column per eligible
 //! bid entry, one row per app and one per GPU, the same tiered objective (starving served
 //! first, then the sum of log-valuations), HiGHS with its default settings and
-//! `mip_rel_gap = 1e-9`, one thread. It computes the PF choice only, no payment. Its optimum is
-//! also checked against the engine's PF objective, so the benchmark doubles as an oracle.
+//! `mip_rel_gap = 1e-9`, one thread, and a time limit of [`NAIVE_TIME_LIMIT`] (bundles drawn
+//! anywhere make programs no solver finishes in minutes). It computes the PF choice only, no
+//! payment. Its optimum is also checked against the engine's PF objective, so the benchmark
+//! doubles as an oracle: equal when the engine proved its choice, never better when the engine's
+//! choice is only the best found within its node budget (`pf fb`, docs/mechanism.md).
 //!
 //! Run with `cargo bench -p agora-market --bench auction` (add a family name, e.g. `-- random`,
 //! to run one family; `BENCH_APPS=40` runs one size).
@@ -38,6 +41,9 @@ const SEEDS: [u64; 2] = [1, 2];
 /// Each instance is solved this many times by each side; the median is reported. Once: the
 /// largest instances take seconds.
 const REPEATS: usize = 1;
+/// How long the naive MILP may run on one instance; an instance it does not finish in that time
+/// has no ratio.
+const NAIVE_TIME_LIMIT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Family {
@@ -137,8 +143,9 @@ fn gain(bid: &AppBid, entry: usize) -> f64 {
     })
 }
 
-/// The naive PF MILP (see the module comment); returns the chosen entry of each app.
-fn naive_pf(offer: &Offer, bids: &[AppBid]) -> BTreeMap<AppId, Option<usize>> {
+/// The naive PF MILP (see the module comment); returns the chosen entry of each app, or `None`
+/// when it did not prove an optimum within [`NAIVE_TIME_LIMIT`].
+fn naive_pf(offer: &Offer, bids: &[AppBid]) -> Option<BTreeMap<AppId, Option<usize>>> {
     let eligible = |bid: &AppBid, entry: &BidEntry| {
         bid.rho_old
             .is_none_or(|rho_old| entry.rho.get() < rho_old.get())
@@ -178,8 +185,13 @@ fn naive_pf(offer: &Offer, bids: &[AppBid]) -> BTreeMap<AppId, Option<usize>> {
     model.make_quiet();
     model.set_threads(NonZeroU32::MIN);
     model.set_option("mip_rel_gap", 1e-9);
+    model.set_option("time_limit", NAIVE_TIME_LIMIT.as_secs_f64());
     let solved = model.solve();
-    assert_eq!(solved.status(), HighsModelStatus::Optimal, "naive PF MILP");
+    match solved.status() {
+        HighsModelStatus::Optimal => {}
+        HighsModelStatus::ReachedTimeLimit => return None,
+        status => panic!("naive PF MILP ended with {status:?}"),
+    }
     let mut chosen: BTreeMap<AppId, Option<usize>> =
         bids.iter().map(|bid| (bid.app.clone(), None)).collect();
     for (&value, &(app, entry)) in solved.get_solution().columns().iter().zip(&columns) {
@@ -187,7 +199,7 @@ fn naive_pf(offer: &Offer, bids: &[AppBid]) -> BTreeMap<AppId, Option<usize>> {
             chosen.insert(bids[app].app.clone(), Some(entry));
         }
     }
-    chosen
+    Some(chosen)
 }
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -205,6 +217,8 @@ struct Work {
     pf_time: Duration,
     /// Components whose PF program needed branch and bound.
     pf_by_branch_and_bound: usize,
+    /// Components whose PF program ran out of its node budget.
+    pf_fallbacks: usize,
     outcome: AuctionOutcome,
     winners: usize,
     certified: usize,
@@ -226,6 +240,7 @@ fn full_solve(offer: &Offer, bids: &[AppBid], seed: u64) -> Work {
     Work {
         pf_time,
         pf_by_branch_and_bound: pf.stats().by_branch_and_bound,
+        pf_fallbacks: pf.stats().fallbacks,
         outcome: black_box(outcome),
         winners,
         certified: stats.certified,
@@ -237,7 +252,7 @@ fn full_solve(offer: &Offer, bids: &[AppBid], seed: u64) -> Work {
 
 fn bench_family(family: Family) {
     println!(
-        "\n{:<9} {:>4} {:>4} {:>10} {:>10} {:>6} {:>8} {:>5} {:>7} {:>9} {:>7} {:>8} {:>8}",
+        "\n{:<9} {:>4} {:>4} {:>10} {:>10} {:>6} {:>8} {:>5} {:>5} {:>7} {:>9} {:>7} {:>8} {:>8}",
         "family",
         "apps",
         "seed",
@@ -246,6 +261,7 @@ fn bench_family(family: Family) {
         "ratio",
         "pf (ms)",
         "pf bb",
+        "pf fb",
         "winners",
         "certified",
         "solved",
@@ -284,31 +300,31 @@ fn bench_family(family: Family) {
                     .collect(),
             );
             let work = work.expect("solved");
-            let (engine_served, engine_welfare) = pf_objective(&bids, &work.outcome.pf);
-            let naive_choice = naive_choice.expect("solved");
-            let (naive_served, naive_welfare) = pf_objective(&bids, &naive_choice);
-            assert_eq!(
-                engine_served,
-                naive_served,
-                "{} {apps} {seed}",
-                family.name()
-            );
-            assert!(
-                (engine_welfare - naive_welfare).abs() <= 1e-6,
-                "{} {apps} apps seed {seed}: PF welfare {engine_welfare} vs naive {naive_welfare}",
-                family.name()
-            );
+            let naive_choice = naive_choice.expect("run");
+            if let Some(naive_choice) = &naive_choice {
+                check_against_naive(family, apps, seed, &bids, &work, naive_choice);
+            }
             let ratio = full.as_secs_f64() / naive.as_secs_f64();
-            worst_ratio = worst_ratio.max(ratio);
-            full_sum += full;
-            naive_sum += naive;
+            let ratio = if naive_choice.is_some() {
+                worst_ratio = worst_ratio.max(ratio);
+                full_sum += full;
+                naive_sum += naive;
+                format!("{ratio:.2}")
+            } else {
+                "-".to_owned()
+            };
+            let naive = if naive_choice.is_some() {
+                format!("{:.2}", millis(naive))
+            } else {
+                format!(">{:.0}", millis(NAIVE_TIME_LIMIT))
+            };
             println!(
-                "{:<9} {apps:>4} {seed:>4} {:>10.2} {:>10.2} {ratio:>6.2} {:>8.2} {:>5} {:>7} {:>9} {:>7} {:>8} {:>8}",
+                "{:<9} {apps:>4} {seed:>4} {:>10.2} {naive:>10} {ratio:>6} {:>8.2} {:>5} {:>5} {:>7} {:>9} {:>7} {:>8} {:>8}",
                 family.name(),
                 millis(full),
-                millis(naive),
                 millis(work.pf_time),
                 work.pf_by_branch_and_bound,
+                work.pf_fallbacks,
                 work.winners,
                 work.certified,
                 work.solved,
@@ -318,13 +334,42 @@ fn bench_family(family: Family) {
         }
     }
     println!(
-        "{:<9} {:>9} {:>10.1} {:>10.1} {:>6.2}   (sum; worst ratio {worst_ratio:.2})",
+        "{:<9} {:>9} {:>10.1} {:>10.1} {:>6.2}   (sum over the instances the naive MILP finished; worst ratio {worst_ratio:.2})",
         family.name(),
         "sum",
         millis(full_sum),
         millis(naive_sum),
         full_sum.as_secs_f64() / naive_sum.as_secs_f64(),
     );
+}
+
+/// The engine's PF objective against the naive MILP's optimum: equal when the engine proved
+/// its choice, never better when it kept the best found within its node budget.
+fn check_against_naive(
+    family: Family,
+    apps: usize,
+    seed: u64,
+    bids: &[AppBid],
+    work: &Work,
+    naive_choice: &BTreeMap<AppId, Option<usize>>,
+) {
+    let instance = format!("{} {apps} apps seed {seed}", family.name());
+    let engine = pf_objective(bids, &work.outcome.pf);
+    let naive = pf_objective(bids, naive_choice);
+    if work.pf_fallbacks == 0 {
+        assert_eq!(engine.0, naive.0, "{instance}: starving served");
+        assert!(
+            (engine.1 - naive.1).abs() <= 1e-6,
+            "{instance}: PF welfare {} vs naive {}",
+            engine.1,
+            naive.1
+        );
+    } else {
+        assert!(
+            engine.0 < naive.0 || (engine.0 == naive.0 && engine.1 <= naive.1 + 1e-6),
+            "{instance}: the best found {engine:?} beats the optimum {naive:?}"
+        );
+    }
 }
 
 fn main() {

@@ -25,7 +25,7 @@
 //!   than the exact payment) and is reported as a fallback (docs/mechanism.md);
 //! - a PF program's branch and bound has a deterministic budget of nodes ([`PfBudget`]) that
 //!   bids following the topology never reach; a component past it keeps the best choice found
-//!   and is reported as a PF fallback, and its payments run no binary program;
+//!   and is reported as a PF fallback, and its payments neither dive nor run binary programs;
 //! - the groups of payers, and the components' PF programs, run in parallel, one HiGHS thread
 //!   each.
 
@@ -92,8 +92,8 @@ impl Default for PfBudget {
 /// Nodes per binary program, PF or payment. Every program of the round and auction benchmarks
 /// and of the shipped workloads ends within 7 nodes (BENCHMARKS.md), so this never binds on
 /// them; bundles drawn anywhere (bids a tenant may post) make programs of 20 bidders need
-/// thousands, at several milliseconds each, and would hold a round for minutes.
-const DEFAULT_BRANCH_AND_BOUND_NODES: u32 = 200;
+/// thousands, at 5-80 ms each, and would hold a round for minutes.
+const DEFAULT_BRANCH_AND_BOUND_NODES: u32 = 50;
 
 /// How the PF choice was found, per component.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,7 +108,7 @@ pub struct PfStats {
     /// Components that needed branch and bound.
     pub by_branch_and_bound: usize,
     /// Components whose branch and bound ran out of its [`PfBudget`]: their choice is the best
-    /// found, not proved optimal, and their payments run no binary program.
+    /// found, not proved optimal, and their payments neither dive nor run binary programs.
     #[serde(default)]
     pub fallbacks: usize,
 }
@@ -503,7 +503,8 @@ struct PayerGroup<'a> {
     members: &'a [usize],
     /// Positions in `members`.
     payers: Vec<usize>,
-    /// Whether open payments may run binary programs: not when the PF choice fell back.
+    /// Whether open payments may dive and run binary programs: not when the PF choice fell
+    /// back.
     programs_allowed: bool,
 }
 
@@ -616,8 +617,11 @@ fn screen_group<'a>(
             .iter()
             .map(|&m| if m == payer { None } else { options[m] })
             .collect();
-        let relaxation = relaxation
-            .get_or_insert_with(|| Relaxation::new(context, members, gain, Some(starving_served)));
+        let relaxation = relaxation.get_or_insert_with(|| {
+            let mut relaxation = Relaxation::new(context, members, gain, Some(starving_served));
+            relaxation.dives = group.programs_allowed;
+            relaxation
+        });
         let rounding = roundings[payer].expect("a payer won a bundle");
         relaxation.exclude(position, starving_served);
         let screened = screen_payment(
@@ -666,9 +670,9 @@ enum Screened {
 /// Screens the payment of the member at `payer` (already excluded from `relaxation`): the LP
 /// bounds the others' optimum above, x* minus the payer (improved by local moves, [`improve`])
 /// below. When these bounds leave the GPUs the payer keeps open, the LP optimum rounded (and
-/// improved) is tried next; only when that leaves them open too, and the component is not
-/// larger than [`LARGE_COMPONENT`], does a dive from the LP optimum look for a better lower
-/// bound: a dive is a chain of LP re-solves, most of a payment's time.
+/// improved) is tried next; only when that leaves them open too, and the relaxation may dive
+/// ([`Relaxation::may_dive`]), does a dive from the LP optimum look for a better lower bound: a
+/// dive is a chain of LP re-solves, most of a payment's time.
 fn screen_payment(
     context: &Context,
     relaxation: &mut Relaxation,
@@ -724,7 +728,7 @@ fn screen_payment(
             optimum.lower = optimum.lower.max(improved(rounded));
         }
     }
-    if !optimum.decides(rounding) && relaxation.size() <= LARGE_COMPONENT {
+    if !optimum.decides(rounding) && relaxation.may_dive() {
         if let Some(dived) = relaxation.dive("payment")? {
             optimum.lower = optimum.lower.max(improved(dived));
         }
@@ -1381,6 +1385,8 @@ struct Relaxation {
     /// `None` only while a solve holds it.
     model: Option<Model>,
     formulation: Formulation,
+    /// Whether payments may dive here: not when the component's PF choice fell back.
+    dives: bool,
 }
 
 impl Relaxation {
@@ -1402,6 +1408,7 @@ impl Relaxation {
         Self {
             model: Some(model),
             formulation,
+            dives: true,
         }
     }
 
@@ -1444,6 +1451,13 @@ impl Relaxation {
     /// LP re-solve over every column per member it settles.
     fn size(&self) -> usize {
         self.formulation.columns_of.len() * self.formulation.columns.len()
+    }
+
+    /// Whether a payment may dive: not in a component larger than [`LARGE_COMPONENT`], nor in
+    /// one whose PF choice fell back (with bundles drawn anywhere, 50 bidders, their dives
+    /// alone took 30-60 s).
+    fn may_dive(&self) -> bool {
+        self.dives && self.size() <= LARGE_COMPONENT
     }
 
     /// A choice of the binary program found by diving from the last LP optimum: the column
