@@ -150,47 +150,40 @@ async fn full_flow_register_offer_bid_lease_expiry_reauction_finish_and_audit() 
             .expect("replay");
         assert!(replay.matches, "round {round}: {:?}", replay.differences);
     }
-    // Every payment here was exact; a stored fallback the engine does not reproduce is caught.
-    let (round,): (i64,) = sqlx::query_as(
-        "UPDATE round_allocations SET c_fallback = true
-          WHERE (round_id, app_id) = (SELECT round_id, app_id FROM round_allocations
-                                       WHERE c IS NOT NULL ORDER BY round_id LIMIT 1)
-          RETURNING round_id",
-    )
-    .fetch_one(service.running.store.pool())
-    .await
-    .expect("a round with a payment");
-    let replay = replay_round(&service.running.store, RoundId(round))
-        .await
-        .expect("replay");
-    assert!(
-        !replay.matches && replay.differences[0].contains("c_fallback: true"),
-        "{:?}",
-        replay.differences
-    );
-    // So is a PF choice stored as the best found within the node budget that the engine proves.
-    let (round,): (i64,) = sqlx::query_as(
-        "UPDATE round_allocations SET pf_fallback = true
-          WHERE (round_id, app_id) = (SELECT round_id, app_id FROM round_allocations
-                                       WHERE pf_entry IS NOT NULL ORDER BY round_id DESC LIMIT 1)
-          RETURNING round_id",
-    )
-    .fetch_one(service.running.store.pool())
-    .await
-    .expect("a round with a PF winner");
-    let replay = replay_round(&service.running.store, RoundId(round))
-        .await
-        .expect("replay");
-    assert!(
-        !replay.matches
-            && replay
-                .differences
+    // Every payment here was exact and every PF choice proved: a stored fallback of either
+    // kind that the engine does not reproduce is caught.
+    for (flag, among) in [
+        ("c_fallback", "c IS NOT NULL"),
+        ("pf_fallback", "pf_entry IS NOT NULL"),
+    ] {
+        let differences = replay_after_setting(&service, flag, among).await;
+        assert!(
+            differences
                 .iter()
-                .any(|difference| difference.contains("pf_fallback: true")),
-        "{:?}",
-        replay.differences
-    );
+                .any(|difference| difference.contains(&format!("{flag}: true"))),
+            "{flag}: {differences:?}"
+        );
+    }
     service.running.stop().await;
+}
+
+/// Sets `flag` on the first stored allocation row matching `among` and replays its round:
+/// the differences replay finds.
+async fn replay_after_setting(service: &support::Service, flag: &str, among: &str) -> Vec<String> {
+    let (round,): (i64,) = sqlx::query_as(&format!(
+        "UPDATE round_allocations SET {flag} = true
+          WHERE (round_id, app_id) = (SELECT round_id, app_id FROM round_allocations
+                                       WHERE {among} ORDER BY round_id, app_id LIMIT 1)
+          RETURNING round_id"
+    ))
+    .fetch_one(service.running.store.pool())
+    .await
+    .expect("a row to set");
+    let replay = replay_round(&service.running.store, RoundId(round))
+        .await
+        .expect("replay");
+    assert!(!replay.matches, "{flag} set, yet replay matches");
+    replay.differences
 }
 
 /// The next offer for `app` in a round after `after_round`.

@@ -1672,6 +1672,33 @@ fn falls_back_to_the_lp_counterfactual(
     Ok(stats)
 }
 
+/// `app<n>` renamed so that names sort the other way round.
+fn rename(app: &AppId) -> AppId {
+    AppId(format!(
+        "z{}",
+        99 - app.0[3..].parse::<u32>().expect("app<n>")
+    ))
+}
+
+/// `bids` renamed ([`rename`]) and in reverse order, for properties that outcomes depend on
+/// what is bid, not on names or order; `None` when two bidders bid the same (identical bidders
+/// may be told apart by name, as the last tie-break).
+fn renamed_and_reversed(bids: &[AppBid]) -> Option<Vec<AppBid>> {
+    let contents: BTreeSet<String> = bids
+        .iter()
+        .map(|bid| format!("{:?} {:?}", bid.rho_old, bid.bids))
+        .collect();
+    (contents.len() == bids.len()).then(|| {
+        bids.iter()
+            .rev()
+            .map(|bid| AppBid {
+                app: rename(&bid.app),
+                ..bid.clone()
+            })
+            .collect()
+    })
+}
+
 proptest! {
     #![proptest_config(config())]
 
@@ -1683,12 +1710,9 @@ proptest! {
         spec in mixed_spec()
     ) {
         let (offer, bids) = (spec.offer(), spec.bids());
-        // Identical bidders may be told apart by name, as the last tie-break.
-        let contents: BTreeSet<String> = bids
-            .iter()
-            .map(|bid| format!("{:?} {:?}", bid.rho_old, bid.bids))
-            .collect();
-        prop_assume!(contents.len() == bids.len(), "two bidders bid the same");
+        let renamed = renamed_and_reversed(&bids);
+        prop_assume!(renamed.is_some(), "two bidders bid the same");
+        let renamed = renamed.expect("assumed");
         let one = PaymentBudget { programs: 1, ..PaymentBudget::default() };
         let run_within = |bids: &[AppBid]| {
             let auction = Auction::new(&offer, bids).expect("valid");
@@ -1696,12 +1720,6 @@ proptest! {
             let payments = auction.payments_within(&pf, spec.seed, one).expect("solved");
             auction.settle(&pf, &payments)
         };
-        let rename = |app: &AppId| AppId(format!("z{}", 99 - app.0[3..].parse::<u32>().expect("app<n>")));
-        let renamed: Vec<AppBid> = bids
-            .iter()
-            .rev()
-            .map(|bid| AppBid { app: rename(&bid.app), ..bid.clone() })
-            .collect();
         let outcome = run_within(&bids);
         let twin = run_within(&renamed);
         let by_new_name = |map: &BTreeMap<AppId, Vec<GpuId>>| -> BTreeMap<AppId, Vec<GpuId>> {
@@ -1872,7 +1890,7 @@ proptest! {
         prop_assert_eq!(&outcome, &run_without_pf_nodes(&offer, &bids, spec.seed));
         if needed_branching == 0 {
             prop_assert!(outcome.pf_fallbacks.is_empty());
-            prop_assert_eq!(&outcome, &run(&offer, &bids, spec.seed));
+            prop_assert_eq!(&outcome, &run_auction(&offer, &bids, spec.seed).expect("solved"));
             return Ok(());
         }
         prop_assert!(!outcome.pf_fallbacks.is_empty());
@@ -1905,17 +1923,9 @@ proptest! {
     #[test]
     fn a_pf_choice_out_of_nodes_does_not_depend_on_names(spec in tie_spec()) {
         let (offer, bids) = (spec.offer(), spec.bids());
-        let contents: BTreeSet<String> = bids
-            .iter()
-            .map(|bid| format!("{:?} {:?}", bid.rho_old, bid.bids))
-            .collect();
-        prop_assume!(contents.len() == bids.len(), "two bidders bid the same");
-        let rename = |app: &AppId| AppId(format!("z{}", 99 - app.0[3..].parse::<u32>().expect("app<n>")));
-        let renamed: Vec<AppBid> = bids
-            .iter()
-            .rev()
-            .map(|bid| AppBid { app: rename(&bid.app), ..bid.clone() })
-            .collect();
+        let renamed = renamed_and_reversed(&bids);
+        prop_assume!(renamed.is_some(), "two bidders bid the same");
+        let renamed = renamed.expect("assumed");
         let outcome = run_without_pf_nodes(&offer, &bids, spec.seed);
         let twin = run_without_pf_nodes(&offer, &renamed, spec.seed);
         for (app, entry) in &outcome.pf {
