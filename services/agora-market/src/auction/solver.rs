@@ -354,10 +354,11 @@ fn tally(bidders: usize, settled: Vec<(usize, Payment)>) -> Shares {
 
 /// Which open payments may run binary programs within the budget's programs, as (index into
 /// `open`, programs allotted): each payment of a component no larger than the budget allows,
-/// and whose PF choice did not fall back, is allotted the most its bisection can take, most GPUs at stake first (ties: the narrower LP
-/// bracket, then the payer's place in the content order, never its name), until the budget is
-/// spent. Allotting the worst case up front keeps the choice independent of what the programs
-/// find, so the payments can run in parallel and a replay takes the same decisions.
+/// and whose PF choice did not fall back, is allotted the most its bisection can take, most
+/// GPUs at stake first (ties: the narrower LP bracket, then the payer's place in the content
+/// order, never its name), until the budget is spent. Allotting the worst case up front keeps
+/// the choice independent of what the programs find, so the payments can run in parallel and
+/// a replay takes the same decisions.
 fn allot_programs(open: &[OpenPayment], budget: PaymentBudget) -> Vec<(usize, usize)> {
     let mut order: Vec<usize> = (0..open.len()).collect();
     order.sort_by(|&a, &b| {
@@ -480,10 +481,11 @@ fn optimum(
     match program.solve("proportional-fair", budget.branch_and_bound_nodes)? {
         Solved::Optimal(choice) => Ok((choice, Method::BranchAndBound)),
         Solved::OutOfBudget(incumbent) => {
-            let best = [incumbent, rounded, Some(feasible)]
+            // The rounding is already improved.
+            let polish = |start| improve(context, members, start, None, weight);
+            let best = [incumbent.map(polish), rounded, Some(polish(feasible))]
                 .into_iter()
                 .flatten()
-                .map(|start| improve(context, members, start, None, weight))
                 // The first of equals: the incumbent, then the rounding.
                 .reduce(|best, next| {
                     if formulation.worth(&next) > formulation.worth(&best) {
