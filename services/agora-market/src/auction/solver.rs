@@ -448,8 +448,8 @@ fn pf_choice(
 /// An optimal choice of the program over `members` with column weights `weight`, serving
 /// exactly `starving_served` starving members when given: by its LP relaxation when that is
 /// integral, by branch and bound otherwise. When branch and bound runs out of `budget`, the
-/// best of its incumbent, the LP optimum rounded and `feasible` (a choice the program
-/// allows), each improved by local moves.
+/// best of its incumbent, the LP optimum rounded, a dive from the LP optimum and `feasible`
+/// (a choice the program allows), each improved by local moves.
 fn optimum(
     context: &Context,
     members: &[usize],
@@ -481,14 +481,21 @@ fn optimum(
     match program.solve("proportional-fair", budget.branch_and_bound_nodes)? {
         Solved::Optimal(choice) => Ok((choice, Method::BranchAndBound)),
         Solved::OutOfBudget(incumbent) => {
-            // The rounding is already improved.
+            // Without RINS and RENS (see `Program::solve`), HiGHS's incumbent after the budget
+            // is often poor; the dive, one chain of LP re-solves, was worth 0.2-4.6 more
+            // log-welfare on bundles drawn anywhere (BENCHMARKS.md).
+            let dived = relaxation.dive("proportional-fair")?;
             let polish = |start| improve(context, members, start, None, weight);
-            let best = [incumbent.map(polish), rounded, Some(polish(feasible))]
+            // The rounding is already improved.
+            let candidates = [incumbent.map(polish), rounded, dived.map(polish)];
+            let best = candidates
                 .into_iter()
                 .flatten()
-                // The first of equals: the incumbent, then the rounding.
+                .chain([polish(feasible)])
+                // The first of equals: the incumbent, then the rounding, then the dive.
                 .reduce(|best, next| {
-                    if formulation.worth(&next) > formulation.worth(&best) {
+                    let worth = |choice| relaxation.formulation.worth(choice);
+                    if worth(&next) > worth(&best) {
                         next
                     } else {
                         best
