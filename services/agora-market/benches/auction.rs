@@ -14,7 +14,8 @@
 //! anywhere make programs no solver finishes in minutes). It computes the PF choice only, no
 //! payment. Its optimum is also checked against the engine's PF objective, so the benchmark
 //! doubles as an oracle: equal when the engine proved its choice, never better when the engine's
-//! choice is only the best found within its node budget (`pf fb`, docs/mechanism.md).
+//! choice is only the best found within its node budget (`pf fb`, docs/mechanism.md), in which
+//! case a line under the row says how far below the optimum that choice lies.
 //!
 //! Run with `cargo bench -p agora-market --bench auction` (add a family name, e.g. `-- random`,
 //! to run one family; `BENCH_APPS=40` runs one size).
