@@ -333,7 +333,10 @@ fn bench_family(family: Family) {
                 work.programs,
             );
             if let Some(gap) = fallback_gap {
-                println!("{:<9}   the PF choice kept within the node budget: {gap}", "");
+                println!(
+                    "{:<9}   the PF choice kept within the node budget: {gap}",
+                    ""
+                );
             }
         }
     }
