@@ -1862,6 +1862,54 @@ fn a_pf_program_out_of_nodes_keeps_the_best_choice_found_and_says_so() {
     assert!(without.get("pf_fallbacks").is_none(), "{without}");
 }
 
+/// Three starving bidders, of whom at most two can be served together (a names g5 in every
+/// bundle, and c's g5-free bundle takes g3, g4 and g7, which both of b's g5-free bundles need).
+/// The best pair is a on {g5, g6} (rho 4) with c on {g2, g3, g4, g7} (rho 0.2), worth
+/// -ln 4 - ln 0.2 = ln 1.25; b with c is worth at most 0, a with b at most -ln 2. With no
+/// nodes, a build without the dive kept a and b (-ln 2): no local move changes which bidders
+/// are served. The dive from the LP optimum, re-solving after each column it fixes, reaches
+/// the optimum.
+#[test]
+fn a_pf_program_out_of_nodes_dives_from_the_lp_to_the_best_pair_of_starving_bidders() {
+    let offer = plain_offer(&["g0", "g1", "g2", "g3", "g4", "g5", "g6", "g7"]);
+    let bids = [
+        bid(
+            "a",
+            None,
+            &[
+                (&["g2", "g5"], 2.0),
+                (&["g5", "g6"], 4.0),
+                (&["g0", "g2", "g5"], 0.5),
+                (&["g4", "g5"], 0.25),
+            ],
+        ),
+        bid(
+            "b",
+            None,
+            &[
+                (&["g0", "g3", "g4"], 1.0),
+                (&["g1", "g3", "g5", "g6"], 0.25),
+                (&["g2", "g5", "g6"], 0.25),
+                (&["g4", "g7"], 4.0),
+            ],
+        ),
+        bid(
+            "c",
+            None,
+            &[(&["g2", "g3", "g4", "g7"], 0.2), (&["g1", "g2", "g5"], 1.0)],
+        ),
+    ];
+    let proved = run_auction(&offer, &bids, 0).expect("solved");
+    let expected: BTreeMap<AppId, Option<usize>> =
+        [(app("a"), Some(1)), (app("b"), None), (app("c"), Some(0))].into();
+    assert_eq!(proved.pf, expected);
+
+    let found = run_without_pf_nodes(&offer, &bids, 0);
+    assert_eq!(found.pf_fallbacks, vec![app("a"), app("b"), app("c")]);
+    assert_eq!(found.pf, expected);
+    check_outcome(&offer, &bids, &found);
+}
+
 /// The PF choice and payments of `spec` with no branch and bound for the PF choice.
 fn run_without_pf_nodes(offer: &Offer, bids: &[AppBid], seed: u64) -> AuctionOutcome {
     let auction = Auction::new(offer, bids).expect("valid");
