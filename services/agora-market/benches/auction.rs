@@ -305,19 +305,15 @@ fn bench_family(family: Family) {
             let fallback_gap = naive_choice
                 .as_ref()
                 .and_then(|naive| check_against_naive(family, apps, seed, &bids, &work, naive));
-            let ratio = full.as_secs_f64() / naive.as_secs_f64();
-            let ratio = if naive_choice.is_some() {
+            let (naive, ratio) = if naive_choice.is_some() {
+                let ratio = full.as_secs_f64() / naive.as_secs_f64();
                 worst_ratio = worst_ratio.max(ratio);
                 full_sum += full;
                 naive_sum += naive;
-                format!("{ratio:.2}")
+                (format!("{:.2}", millis(naive)), format!("{ratio:.2}"))
             } else {
-                "-".to_owned()
-            };
-            let naive = if naive_choice.is_some() {
-                format!("{:.2}", millis(naive))
-            } else {
-                format!(">{:.0}", millis(NAIVE_TIME_LIMIT))
+                let limit = format!(">{:.0}", millis(NAIVE_TIME_LIMIT));
+                (limit, "-".to_owned())
             };
             println!(
                 "{:<9} {apps:>4} {seed:>4} {:>10.2} {naive:>10} {ratio:>6} {:>8.2} {:>5} {:>5} {:>7} {:>9} {:>7} {:>8} {:>8}",

@@ -135,7 +135,8 @@ pub struct AuctionOutcome {
     pub payment_fallbacks: Vec<AppId>,
     /// Bidders whose conflict component's PF choice is the best found within the [`PfBudget`]
     /// of branch-and-bound nodes, not proved optimal; their payments run no dive and no binary
-    /// program, so those the LP screening leaves open fall back (docs/mechanism.md). Nodes, not seconds: a replay reaches the same choice.
+    /// program, so those the LP screening leaves open fall back (docs/mechanism.md). Nodes,
+    /// not seconds: a replay reaches the same choice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pf_fallbacks: Vec<AppId>,
 }

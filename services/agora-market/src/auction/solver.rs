@@ -353,12 +353,11 @@ fn tally(bidders: usize, settled: Vec<(usize, Payment)>) -> Shares {
 }
 
 /// Which open payments may run binary programs within the budget's programs, as (index into
-/// `open`, programs allotted): each payment of a component no larger than the budget allows,
-/// and whose PF choice did not fall back, is allotted the most its bisection can take, most
-/// GPUs at stake first (ties: the narrower LP bracket, then the payer's place in the content
-/// order, never its name), until the budget is spent. Allotting the worst case up front keeps
-/// the choice independent of what the programs find, so the payments can run in parallel and
-/// a replay takes the same decisions.
+/// `open`, programs allotted): each payment of a component no larger than the budget allows is
+/// allotted the most its bisection can take, most GPUs at stake first (ties: the narrower LP
+/// bracket, then the payer's place in the content order, never its name), until the budget is
+/// spent. Allotting the worst case up front keeps the choice independent of what the programs
+/// find, so the payments can run in parallel and a replay takes the same decisions.
 fn allot_programs(open: &[OpenPayment], budget: PaymentBudget) -> Vec<(usize, usize)> {
     let mut order: Vec<usize> = (0..open.len()).collect();
     order.sort_by(|&a, &b| {
@@ -374,8 +373,7 @@ fn allot_programs(open: &[OpenPayment], budget: PaymentBudget) -> Vec<(usize, us
         .map(|index| {
             let payment = &open[index];
             let most = payment.most_programs();
-            let fits =
-                payment.programs_allowed && payment.component_size <= budget.largest_component;
+            let fits = payment.component_size <= budget.largest_component;
             let allotted = if fits && most <= left { most } else { 0 };
             left -= allotted;
             (index, allotted)
@@ -512,8 +510,8 @@ struct PayerGroup<'a> {
     members: &'a [usize],
     /// Positions in `members`.
     payers: Vec<usize>,
-    /// Whether open payments may dive and run binary programs: not when the PF choice fell
-    /// back.
+    /// Whether payments the screening leaves open may dive and run binary programs: not when
+    /// the PF choice fell back, so they fall back at once.
     programs_allowed: bool,
 }
 
@@ -551,8 +549,6 @@ struct OpenPayment<'a> {
     position: usize,
     /// The component's size, in members times columns ([`Relaxation::size`]).
     component_size: usize,
-    /// See [`PayerGroup::programs_allowed`].
-    programs_allowed: bool,
     starving_served: usize,
     rounding: Rounding,
     bracket: Bracket,
@@ -651,12 +647,14 @@ fn screen_group<'a>(
             Screened::Bracketed(bracket, _) if bracket.decides(rounding) => {
                 Screen::Settled(Payment::certified(bracket.shares()))
             }
+            Screened::Bracketed(bracket, _) if !group.programs_allowed => {
+                Screen::Settled(bracket.fall_back(0))
+            }
             Screened::Bracketed(bracket, reach) => Screen::Open(OpenPayment {
                 payer,
                 members,
                 position,
                 component_size: relaxation.size(),
-                programs_allowed: group.programs_allowed,
                 starving_served,
                 rounding,
                 bracket,
