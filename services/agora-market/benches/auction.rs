@@ -7,32 +7,30 @@
 //! - `starving`: the same bundles, every app starving;
 //! - `random`: 20 bundles of 1 to 8 GPUs drawn anywhere (not aligned), 30% starving.
 //!
-//! The naive MILP is what a first implementation would write: one binary column per eligible
-//! bid entry, one row per app and one per GPU, the same tiered objective (starving served
-//! first, then the sum of log-valuations), HiGHS with its default settings and
-//! `mip_rel_gap = 1e-9`, one thread, and a time limit of [`NAIVE_TIME_LIMIT`] (bundles drawn
-//! anywhere make programs no solver finishes in minutes). It computes the PF choice only, no
-//! payment. Its optimum is also checked against the engine's PF objective, so the benchmark
-//! doubles as an oracle: equal when the engine proved its choice, never better when the engine's
-//! choice is only the best found within its node budget (`pf fb`, docs/mechanism.md), in which
-//! case a line under the row says how far below the optimum that choice lies.
+//! The naive MILP (`naive/mod.rs`, the same one the round benchmark times) runs with a time
+//! limit of [`NAIVE_TIME_LIMIT`]. Its optimum is also checked against the engine's PF objective,
+//! so the benchmark doubles as an oracle: equal when the engine proved its choice, never better
+//! when the engine's choice is only the best found within its node budget (`pf fb`,
+//! docs/mechanism.md), in which case a line under the row says how far below the optimum that
+//! choice lies.
 //!
 //! Run with `cargo bench -p agora-market --bench auction` (add a family name, e.g. `-- random`,
 //! to run one family; `BENCH_APPS=40` runs one size).
 
-use std::collections::BTreeMap;
+mod naive;
+
 use std::hint::black_box;
-use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use agora_market::app::AppId;
 use agora_market::auction::{AppBid, Auction, AuctionOutcome, BidEntry, Offer};
 use agora_market::rho::Rho;
 use agora_market::topology::GpuId;
-use highs::{HighsModelStatus, RowProblem, Sense};
 use rand::seq::IndexedRandom;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+use naive::{check_engine_choice, naive_pf};
 
 const MACHINES: usize = 32;
 const GPUS_PER_MACHINE: usize = 8;
@@ -122,85 +120,6 @@ impl Family {
             .collect();
         (Offer::without_topology(all_gpus), bids)
     }
-}
-
-/// (starving bidders served, sum of gains) of a choice of entries, the PF objective.
-fn pf_objective(bids: &[AppBid], chosen: &BTreeMap<AppId, Option<usize>>) -> (usize, f64) {
-    let mut served = 0;
-    let mut welfare = 0.0;
-    for bid in bids {
-        if let Some(entry) = chosen[&bid.app] {
-            served += usize::from(bid.rho_old.is_none());
-            welfare += gain(bid, entry);
-        }
-    }
-    (served, welfare)
-}
-
-fn gain(bid: &AppBid, entry: usize) -> f64 {
-    let log_valuation = bid.bids[entry].rho.log_valuation();
-    bid.rho_old.map_or(log_valuation, |rho_old| {
-        log_valuation - rho_old.log_valuation()
-    })
-}
-
-/// The naive PF MILP (see the module comment); returns the chosen entry of each app, or `None`
-/// when it did not prove an optimum within [`NAIVE_TIME_LIMIT`].
-fn naive_pf(offer: &Offer, bids: &[AppBid]) -> Option<BTreeMap<AppId, Option<usize>>> {
-    let eligible = |bid: &AppBid, entry: &BidEntry| {
-        bid.rho_old
-            .is_none_or(|rho_old| entry.rho.get() < rho_old.get())
-    };
-    let largest_gains: f64 = bids
-        .iter()
-        .map(|bid| {
-            (0..bid.bids.len())
-                .map(|entry| gain(bid, entry).abs())
-                .fold(0.0, f64::max)
-        })
-        .sum();
-    let tier = 2.0 * largest_gains + 1.0;
-    let gpu_row: BTreeMap<&GpuId, usize> = offer.ids().enumerate().map(|(i, id)| (id, i)).collect();
-    let mut problem = RowProblem::default();
-    let mut columns = Vec::new();
-    let mut per_app = vec![Vec::new(); bids.len()];
-    let mut per_gpu = vec![Vec::new(); gpu_row.len()];
-    for (app, bid) in bids.iter().enumerate() {
-        for (entry, bid_entry) in bid.bids.iter().enumerate() {
-            if !eligible(bid, bid_entry) {
-                continue;
-            }
-            let starving_bonus = if bid.rho_old.is_none() { tier } else { 0.0 };
-            let column = problem.add_integer_column(starving_bonus + gain(bid, entry), 0..=1);
-            per_app[app].push((column, 1.0));
-            for gpu in &bid_entry.gpus {
-                per_gpu[gpu_row[gpu]].push((column, 1.0));
-            }
-            columns.push((app, entry));
-        }
-    }
-    for row in per_app.iter().chain(&per_gpu).filter(|row| !row.is_empty()) {
-        problem.add_row(..=1.0, row);
-    }
-    let mut model = problem.optimise(Sense::Maximise);
-    model.make_quiet();
-    model.set_threads(NonZeroU32::MIN);
-    model.set_option("mip_rel_gap", 1e-9);
-    model.set_option("time_limit", NAIVE_TIME_LIMIT.as_secs_f64());
-    let solved = model.solve();
-    match solved.status() {
-        HighsModelStatus::Optimal => {}
-        HighsModelStatus::ReachedTimeLimit => return None,
-        status => panic!("naive PF MILP ended with {status:?}"),
-    }
-    let mut chosen: BTreeMap<AppId, Option<usize>> =
-        bids.iter().map(|bid| (bid.app.clone(), None)).collect();
-    for (&value, &(app, entry)) in solved.get_solution().columns().iter().zip(&columns) {
-        if value > 0.5 {
-            chosen.insert(bids[app].app.clone(), Some(entry));
-        }
-    }
-    Some(chosen)
 }
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -295,16 +214,18 @@ fn bench_family(family: Family) {
                 (0..REPEATS)
                     .map(|_| {
                         let started = Instant::now();
-                        naive_choice = Some(naive_pf(&offer, &bids));
+                        naive_choice = Some(naive_pf(&offer, &bids, NAIVE_TIME_LIMIT));
                         started.elapsed()
                     })
                     .collect(),
             );
             let work = work.expect("solved");
             let naive_choice = naive_choice.expect("run");
-            let fallback_gap = naive_choice
-                .as_ref()
-                .and_then(|naive| check_against_naive(family, apps, seed, &bids, &work, naive));
+            let instance = format!("{} {apps} apps seed {seed}", family.name());
+            let fallback_gap = naive_choice.as_ref().and_then(|naive| {
+                let fell_back = work.pf_fallbacks > 0;
+                check_engine_choice(&instance, &bids, &work.outcome.pf, fell_back, naive)
+            });
             let (naive, ratio) = if naive_choice.is_some() {
                 let ratio = full.as_secs_f64() / naive.as_secs_f64();
                 worst_ratio = worst_ratio.max(ratio);
@@ -353,50 +274,6 @@ fn bench_family(family: Family) {
         millis(naive_sum),
         full_sum.as_secs_f64() / naive_sum.as_secs_f64(),
     );
-}
-
-/// The engine's PF objective against the naive MILP's optimum: equal when the engine proved
-/// its choice, never better when it kept the best found within its node budget. For such a
-/// choice, returns how far below the optimum it lies.
-fn check_against_naive(
-    family: Family,
-    apps: usize,
-    seed: u64,
-    bids: &[AppBid],
-    work: &Work,
-    naive_choice: &BTreeMap<AppId, Option<usize>>,
-) -> Option<String> {
-    let instance = format!("{} {apps} apps seed {seed}", family.name());
-    let engine = pf_objective(bids, &work.outcome.pf);
-    let naive = pf_objective(bids, naive_choice);
-    if work.pf_fallbacks == 0 {
-        assert_eq!(engine.0, naive.0, "{instance}: starving served");
-        assert!(
-            (engine.1 - naive.1).abs() <= 1e-6,
-            "{instance}: PF welfare {} vs naive {}",
-            engine.1,
-            naive.1
-        );
-        return None;
-    }
-    assert!(
-        engine.0 < naive.0 || (engine.0 == naive.0 && engine.1 <= naive.1 + 1e-6),
-        "{instance}: the best found {engine:?} beats the optimum {naive:?}"
-    );
-    Some(if engine.0 < naive.0 {
-        format!(
-            "serves {} starving apps where the optimum serves {}",
-            engine.0, naive.0
-        )
-    } else {
-        format!(
-            "log-welfare {:.3} against the optimum's {:.3}: the product of valuations {:.2}% \
-             below the optimum's",
-            engine.1,
-            naive.1,
-            100.0 * (1.0 - (engine.1 - naive.1).exp()),
-        )
-    })
 }
 
 fn main() {

@@ -15,6 +15,7 @@
 //! Run with `cargo bench -p agora-market --bench market` (add a filter such as `-- 256gpu` to run
 //! one scenario).
 
+mod naive;
 mod scenario;
 
 use std::cell::OnceCell;
@@ -29,7 +30,12 @@ use agora_market::auction::Auction;
 use agora_market::market::{Market, RoundOutcome};
 use criterion::{Criterion, SamplingMode};
 
+use naive::{check_engine_choice, naive_pf};
 use scenario::{percentiles, Scenario, ScenarioSpec, SCENARIOS};
+
+/// How long the naive PF MILP may run on one round's auction before the breakdown gives up on
+/// it (it has no ratio then).
+const NAIVE_TIME_LIMIT: Duration = Duration::from_secs(30);
 
 /// Every timing of every benchmark that ran, by benchmark id.
 static TIMINGS: Mutex<BTreeMap<String, Vec<Duration>>> = Mutex::new(BTreeMap::new());
@@ -164,7 +170,10 @@ fn millis(duration: Duration) -> f64 {
 /// round), opening the round (rho of every app, sort, offer and placement index), every bidder's
 /// bid, and closing the round with those bids (validation, the auction: PF program, payments
 /// and settling; leftovers; leases). The auction is nearly all of closing: leftovers and leases
-/// take well under a millisecond even at 4096 GPUs.
+/// take well under a millisecond even at 4096 GPUs. Beside each round, the naive PF MILP of the
+/// round's own auction (`naive/mod.rs`) is timed and checked against the engine's PF choice:
+/// the round's latency as a multiple of that one solve holds on a noisy machine, where the
+/// latency alone does not.
 ///
 /// Not inlined, so that a profiler can single it out (`valgrind --tool=callgrind
 /// --toggle-collect=market::breakdown`): its rounds are deterministic.
@@ -241,21 +250,81 @@ fn breakdown(scenario: &Scenario) -> String {
             millis(close),
         );
         let (line, times) = auction_phases(&outcome);
-        let _ = writeln!(text, "{line}");
+        let round = open + bidding + close;
+        let naive = naive_reference(&format!("{} snapshot {index}", spec.name), &outcome, &times);
+        let _ = writeln!(text, "{line}, {}", naive.describe(round));
         phases.bids.push(bidding);
         phases.pf.push(times.pf);
         phases.payments.push(times.payments);
         phases.close.push(close);
+        if let Some(naive_time) = naive.time {
+            phases.naive.push(naive_time);
+            phases
+                .round_per_naive
+                .push(round.as_secs_f64() / naive_time.as_secs_f64());
+        }
     }
     let _ = writeln!(
         text,
-        "  over these snapshots, p50 / p95 / max: {}, {}, {}, {}",
+        "  over these snapshots, p50 / p95 / max: {}, {}, {}, {}, {}; round / naive PF {}",
         spread("bids", &mut phases.bids),
         spread("PF", &mut phases.pf),
         spread("payments", &mut phases.payments),
         spread("close_round", &mut phases.close),
+        spread("naive PF MILP", &mut phases.naive),
+        ratio_spread(&mut phases.round_per_naive),
     );
     text
+}
+
+/// The naive PF MILP of one round's auction: how long it took (`None`: not within
+/// [`NAIVE_TIME_LIMIT`]) and, when the engine's choice is only the best found within its node
+/// budget, how far below the optimum that choice lies.
+struct NaiveReference {
+    time: Option<Duration>,
+    fallback_gap: Option<String>,
+}
+
+impl NaiveReference {
+    fn describe(&self, round: Duration) -> String {
+        let gap = self
+            .fallback_gap
+            .as_ref()
+            .map_or_else(String::new, |gap| format!("; the PF choice kept: {gap}"));
+        match self.time {
+            Some(time) => format!(
+                "naive PF MILP {:.2} ms (round {:.2}x){gap}",
+                millis(time),
+                round.as_secs_f64() / time.as_secs_f64()
+            ),
+            None => format!("naive PF MILP > {} s", NAIVE_TIME_LIMIT.as_secs()),
+        }
+    }
+}
+
+/// Times the naive PF MILP on the round's offer and bids and checks the engine's PF choice
+/// against its optimum (see `naive::check_engine_choice`).
+fn naive_reference(instance: &str, outcome: &RoundOutcome, times: &AuctionTimes) -> NaiveReference {
+    let record = outcome
+        .auction
+        .as_ref()
+        .expect("a Themis round runs the auction");
+    let started = Instant::now();
+    let choice = naive_pf(&outcome.offer, &record.bids, NAIVE_TIME_LIMIT);
+    let time = started.elapsed();
+    let Some(choice) = choice else {
+        return NaiveReference {
+            time: None,
+            fallback_gap: None,
+        };
+    };
+    let engine = &record.outcome.pf;
+    let fallback_gap =
+        check_engine_choice(instance, &record.bids, engine, times.pf_fell_back, &choice);
+    NaiveReference {
+        time: Some(time),
+        fallback_gap,
+    }
 }
 
 /// The broken-down rounds' phase times, one entry per snapshot.
@@ -265,6 +334,10 @@ struct PhaseTimes {
     pf: Vec<Duration>,
     payments: Vec<Duration>,
     close: Vec<Duration>,
+    /// The naive PF MILP of each round's auction that finished within its time limit.
+    naive: Vec<Duration>,
+    /// Each such round's latency (open, bids and close) over its naive PF MILP's time.
+    round_per_naive: Vec<f64>,
 }
 
 /// The round's auction re-run phase by phase (its bids and offer, the same seed): how long
@@ -305,6 +378,7 @@ fn auction_phases(outcome: &RoundOutcome) -> (String, AuctionTimes) {
     let times = AuctionTimes {
         pf: pf_time,
         payments: payments_time,
+        pf_fell_back: pf_stats.fallbacks > 0,
     };
     (line, times)
 }
@@ -313,11 +387,13 @@ fn auction_phases(outcome: &RoundOutcome) -> (String, AuctionTimes) {
 struct AuctionTimes {
     pf: Duration,
     payments: Duration,
+    /// Whether a component's PF choice is only the best found within its node budget.
+    pf_fell_back: bool,
 }
 
 /// `label p50 / p95 / max ms` of `samples`.
 fn spread(label: &str, samples: &mut [Duration]) -> String {
-    percentiles(samples).map_or_else(String::new, |(p50, p95, max)| {
+    percentiles(samples, Duration::cmp).map_or_else(String::new, |(p50, p95, max)| {
         format!(
             "{label} {:.1} / {:.1} / {:.1} ms",
             millis(p50),
@@ -325,6 +401,14 @@ fn spread(label: &str, samples: &mut [Duration]) -> String {
             millis(max)
         )
     })
+}
+
+/// `p50 / p95 / max` of ratios.
+fn ratio_spread(ratios: &mut [f64]) -> String {
+    percentiles(ratios, f64::total_cmp).map_or_else(
+        || "-".to_owned(),
+        |(p50, p95, max)| format!("{p50:.2}x / {p95:.2}x / {max:.2}x"),
+    )
 }
 
 fn percentile_report() -> String {
@@ -342,7 +426,7 @@ fn percentile_report() -> String {
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     for (id, samples) in timings.iter_mut() {
         let calls = samples.len();
-        if let Some((p50, p95, max)) = percentiles(samples) {
+        if let Some((p50, p95, max)) = percentiles(samples, Duration::cmp) {
             let _ = writeln!(
                 text,
                 "{id:<28} {calls:>8} {:>12.3} {:>12.3} {:>12.3}",

@@ -19,8 +19,6 @@
 //!   seeds and pool their snapshots, so that one tied optimum in one warm-up cannot move the
 //!   whole set of measured rounds.
 
-use std::time::Duration;
-
 use agora_market::app::{App, AppId, AppKind, Job, PlacementSlowdown, SuccessiveHalving};
 use agora_market::lease::LeaseId;
 use agora_market::market::{Market, MarketConfig, RoundOffer};
@@ -488,15 +486,16 @@ fn free_a_quarter(market: &mut Market, now: Timestamp, rng: &mut ChaCha8Rng) {
     }
 }
 
-/// p50, p95 and max of `samples`, nearest-rank.
-pub fn percentiles(samples: &mut [Duration]) -> Option<(Duration, Duration, Duration)> {
-    if samples.is_empty() {
-        return None;
-    }
-    samples.sort_unstable();
+/// p50, p95 and max of `samples` in the order `compare` gives, nearest-rank.
+pub fn percentiles<T: Copy>(
+    samples: &mut [T],
+    compare: impl FnMut(&T, &T) -> std::cmp::Ordering,
+) -> Option<(T, T, T)> {
+    let last = samples.len().checked_sub(1)?;
+    samples.sort_unstable_by(compare);
     let rank = |p: f64| {
         let index = ((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1;
         samples[index]
     };
-    Some((rank(0.50), rank(0.95), samples[samples.len() - 1]))
+    Some((rank(0.50), rank(0.95), samples[last]))
 }
