@@ -26,8 +26,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use agora_market::auction::Auction;
-use agora_market::market::{Market, RoundOutcome};
+use agora_market::auction::{Auction, Offer};
+use agora_market::market::{AuctionRecord, Market, RoundOutcome};
 use criterion::{Criterion, SamplingMode};
 
 use naive::{check_engine_choice, naive_pf};
@@ -214,11 +214,11 @@ fn breakdown(scenario: &Scenario) -> String {
         let started = Instant::now();
         let outcome = market.close_round(round, bids, 7).expect("valid round");
         let close = started.elapsed();
-        let auction = &outcome
+        let record = outcome
             .auction
             .as_ref()
-            .expect("a Themis round runs the auction")
-            .outcome;
+            .expect("a Themis round runs the auction");
+        let auction = &record.outcome;
         let pf_winners = auction
             .pf_gpus
             .values()
@@ -251,17 +251,16 @@ fn breakdown(scenario: &Scenario) -> String {
         );
         let (line, times) = auction_phases(&outcome);
         let round = open + bidding + close;
-        let naive = naive_reference(&format!("{} snapshot {index}", spec.name), &outcome, &times);
+        let instance = format!("{} snapshot {index}", spec.name);
+        let naive = naive_reference(&instance, &outcome.offer, record, times.pf_fell_back);
         let _ = writeln!(text, "{line}, {}", naive.describe(round));
         phases.bids.push(bidding);
         phases.pf.push(times.pf);
         phases.payments.push(times.payments);
         phases.close.push(close);
-        if let Some(naive_time) = naive.time {
+        if let (Some(naive_time), Some(multiple)) = (naive.time, naive.multiple(round)) {
             phases.naive.push(naive_time);
-            phases
-                .round_per_naive
-                .push(round.as_secs_f64() / naive_time.as_secs_f64());
+            phases.round_per_naive.push(multiple);
         }
     }
     let _ = writeln!(
@@ -286,31 +285,38 @@ struct NaiveReference {
 }
 
 impl NaiveReference {
+    /// `round` as a multiple of the naive PF MILP's time.
+    fn multiple(&self, round: Duration) -> Option<f64> {
+        self.time
+            .map(|time| round.as_secs_f64() / time.as_secs_f64())
+    }
+
     fn describe(&self, round: Duration) -> String {
         let gap = self
             .fallback_gap
             .as_ref()
             .map_or_else(String::new, |gap| format!("; the PF choice kept: {gap}"));
-        match self.time {
-            Some(time) => format!(
-                "naive PF MILP {:.2} ms (round {:.2}x){gap}",
-                millis(time),
-                round.as_secs_f64() / time.as_secs_f64()
+        match (self.time, self.multiple(round)) {
+            (Some(time), Some(multiple)) => format!(
+                "naive PF MILP {:.2} ms (round {multiple:.2}x){gap}",
+                millis(time)
             ),
-            None => format!("naive PF MILP > {} s", NAIVE_TIME_LIMIT.as_secs()),
+            _ => format!("naive PF MILP > {} s", NAIVE_TIME_LIMIT.as_secs()),
         }
     }
 }
 
 /// Times the naive PF MILP on the round's offer and bids and checks the engine's PF choice
-/// against its optimum (see `naive::check_engine_choice`).
-fn naive_reference(instance: &str, outcome: &RoundOutcome, times: &AuctionTimes) -> NaiveReference {
-    let record = outcome
-        .auction
-        .as_ref()
-        .expect("a Themis round runs the auction");
+/// against its optimum (see `naive::check_engine_choice`); `pf_fell_back` as in
+/// [`AuctionTimes`].
+fn naive_reference(
+    instance: &str,
+    offer: &Offer,
+    record: &AuctionRecord,
+    pf_fell_back: bool,
+) -> NaiveReference {
     let started = Instant::now();
-    let choice = naive_pf(&outcome.offer, &record.bids, NAIVE_TIME_LIMIT);
+    let choice = naive_pf(offer, &record.bids, NAIVE_TIME_LIMIT);
     let time = started.elapsed();
     let Some(choice) = choice else {
         return NaiveReference {
@@ -319,8 +325,7 @@ fn naive_reference(instance: &str, outcome: &RoundOutcome, times: &AuctionTimes)
         };
     };
     let engine = &record.outcome.pf;
-    let fallback_gap =
-        check_engine_choice(instance, &record.bids, engine, times.pf_fell_back, &choice);
+    let fallback_gap = check_engine_choice(instance, &record.bids, engine, pf_fell_back, &choice);
     NaiveReference {
         time: Some(time),
         fallback_gap,
@@ -383,7 +388,7 @@ fn auction_phases(outcome: &RoundOutcome) -> (String, AuctionTimes) {
     (line, times)
 }
 
-/// How long one auction's PF choice and payments took.
+/// How long one auction's PF choice and payments took, and whether the PF choice is proved.
 struct AuctionTimes {
     pf: Duration,
     payments: Duration,

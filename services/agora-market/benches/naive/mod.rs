@@ -23,7 +23,7 @@ use highs::{HighsModelStatus, RowProblem, Sense};
 pub type PfChoice = BTreeMap<AppId, Option<usize>>;
 
 /// (starving apps served, sum of gains) of a choice of entries: the PF objective.
-pub fn pf_objective(bids: &[AppBid], chosen: &PfChoice) -> (usize, f64) {
+fn pf_objective(bids: &[AppBid], chosen: &PfChoice) -> (usize, f64) {
     let mut served = 0;
     let mut welfare = 0.0;
     for bid in bids {
