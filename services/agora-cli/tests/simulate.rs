@@ -384,6 +384,7 @@ fn bad_workloads_are_input_errors() {
         (empty.as_str(), "no apps"),
         ("workload3", "--workload workload3"),
         ("workload1:apps=many", "apps"),
+        ("workload1:apps=0", "apps must be at least 1"),
         ("workload1:size=3", "size"),
         ("workload2:network=2", "network"),
         ("workload2:scale=0", "scale"),

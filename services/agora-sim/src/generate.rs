@@ -113,6 +113,9 @@ impl GeneratorConfig {
 
     pub fn validate(&self) -> Result<(), GeneratorError> {
         let positive = |value: f64| value.is_finite() && value > 0.0;
+        if self.apps == 0 {
+            return Err(GeneratorError::NoApps);
+        }
         if !positive(self.duration_scale) {
             return Err(GeneratorError::DurationScale(self.duration_scale));
         }
@@ -144,6 +147,8 @@ impl GeneratorConfig {
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum GeneratorError {
+    #[error("apps must be at least 1: a workload of no apps has nothing to simulate")]
+    NoApps,
     #[error("duration_scale must be positive and finite, got {0}")]
     DurationScale(f64),
     #[error("mean_interarrival_seconds must be finite and >= 0, got {0}")]

@@ -512,6 +512,7 @@ fn bad_knobs_are_rejected() {
         }),
         Err(GeneratorError::DurationScale(-1.0))
     );
+    assert_eq!(workload2(&config(0, 0)), Err(GeneratorError::NoApps));
 }
 
 #[test]
