@@ -344,6 +344,14 @@ fn malformed_json_is_reported_with_its_position() {
 }
 
 #[test]
+fn anything_after_the_instance_is_an_input_error() {
+    assert_input_error(
+        &solve_stdin(r#"{"gpus": ["g0"], "apps": []} {"#),
+        &["invalid JSON", "trailing characters", "line 1 column"],
+    );
+}
+
+#[test]
 fn truncated_json_is_an_input_error() {
     assert_input_error(
         &solve_stdin(r#"{"gpus": ["g0"], "apps": ["#),
@@ -367,7 +375,7 @@ fn non_positive_rho_is_rejected() {
         assert_input_error(
             &solve_stdin(&instance),
             &[
-                "invalid auction instance",
+                "invalid auction instance at `apps[0].bids[0].rho`",
                 "rho must be",
                 "greater than zero",
                 "line 2 column",
@@ -379,13 +387,19 @@ fn non_positive_rho_is_rejected() {
 #[test]
 fn non_positive_rho_old_is_rejected() {
     let instance = r#"{"gpus": ["g0"], "apps": [{"app": "a", "rho_old": -2, "bids": []}]}"#;
-    assert_input_error(&solve_stdin(instance), &["rho must be", "line 1 column"]);
+    assert_input_error(
+        &solve_stdin(instance),
+        &["at `apps[0].rho_old`", "rho must be", "line 1 column"],
+    );
 }
 
 #[test]
 fn a_missing_rho_old_is_rejected() {
     let instance = r#"{"gpus": ["g0"], "apps": [{"app": "a", "bids": []}]}"#;
-    assert_input_error(&solve_stdin(instance), &["missing field `rho_old`"]);
+    assert_input_error(
+        &solve_stdin(instance),
+        &["at `apps[0]`", "missing field `rho_old`"],
+    );
 }
 
 #[test]

@@ -177,9 +177,11 @@ pub enum SolveError {
         cause: serde_json::Error,
     },
     /// JSON that is not an auction instance (wrong or missing field, rho <= 0, ...).
-    #[error("{source_name}: invalid auction instance")]
+    #[error("{source_name}: invalid auction instance{at}")]
     Instance {
         source_name: Source,
+        /// ` at `apps[0].rho_old`` for a bad value inside the instance, empty at its top.
+        at: FieldPath,
         #[source]
         cause: serde_json::Error,
     },
@@ -262,14 +264,48 @@ fn read_instance(source: &Source) -> Result<AuctionInstance, SolveError> {
             source_name: source.clone(),
         });
     }
-    serde_json::from_slice(&bytes).map_err(|cause| {
-        let source_name = source.clone();
-        if cause.is_data() {
-            SolveError::Instance { source_name, cause }
-        } else {
-            SolveError::Syntax { source_name, cause }
+    let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(&mut deserializer)
+        .map_err(|error| (FieldPath(error.path().to_string()), error.into_inner()))
+        .and_then(|instance| {
+            // Nothing but whitespace may follow the instance.
+            deserializer
+                .end()
+                .map(|()| instance)
+                .map_err(|cause| (FieldPath::top(), cause))
+        })
+        .map_err(|(at, cause)| {
+            let source_name = source.clone();
+            if cause.is_data() {
+                SolveError::Instance {
+                    source_name,
+                    at,
+                    cause,
+                }
+            } else {
+                SolveError::Syntax { source_name, cause }
+            }
+        })
+}
+
+/// Where in the instance a bad value is, as serde_path_to_error writes it (`apps[0].rho_old`;
+/// `.` for the instance itself).
+#[derive(Debug)]
+pub struct FieldPath(String);
+
+impl FieldPath {
+    fn top() -> Self {
+        Self(".".to_owned())
+    }
+}
+
+impl fmt::Display for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.as_str() {
+            "." => Ok(()),
+            path => write!(f, " at `{path}`"),
         }
-    })
+    }
 }
 
 /// The offer and the bids the auction sees. On typed GPUs each entry is priced as the engine's
