@@ -14,9 +14,7 @@ fn main() -> ExitCode {
     match cli.run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            // `{:#}` prints the whole chain of causes, joined by ": ", on one line.
-            let message = format!("{error:#}").replace('\n', " ");
-            eprintln!("error: {message}");
+            eprintln!("error: {}", commands::one_line(&error));
             ExitCode::from(commands::exit_code(&error))
         }
     }

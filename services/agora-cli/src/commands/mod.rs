@@ -71,3 +71,57 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
     }
     EXIT_FAILURE
 }
+
+/// `error` and its causes on one line, joined by ": ". A cause whose words its error already
+/// says (an error that writes its source into its own message) is not said twice.
+pub fn one_line(error: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string().replace('\n', " ");
+        if message.is_empty() {
+            message = text;
+        } else if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot connect: {source}. Is it running?")]
+    struct Embeds {
+        source: std::io::Error,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read the file")]
+    struct Wraps {
+        source: std::io::Error,
+    }
+
+    fn timed_out() -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::TimedOut, "pool timed out")
+    }
+
+    #[test]
+    fn a_cause_is_said_once() {
+        let embeds = anyhow::Error::new(Embeds {
+            source: timed_out(),
+        });
+        assert_eq!(
+            one_line(&embeds),
+            "cannot connect: pool timed out. Is it running?"
+        );
+        let wraps = anyhow::Error::new(Wraps {
+            source: timed_out(),
+        });
+        assert_eq!(one_line(&wraps), "cannot read the file: pool timed out");
+        let context = anyhow::Error::new(timed_out()).context("opening\nthe pool");
+        assert_eq!(one_line(&context), "opening the pool: pool timed out");
+    }
+}
