@@ -266,13 +266,13 @@ fn read_instance(source: &Source) -> Result<AuctionInstance, SolveError> {
     }
     let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
     serde_path_to_error::deserialize(&mut deserializer)
-        .map_err(|error| (FieldPath(error.path().to_string()), error.into_inner()))
+        .map_err(|error| (FieldPath::of(error.path()), error.into_inner()))
         .and_then(|instance| {
             // Nothing but whitespace may follow the instance.
             deserializer
                 .end()
                 .map(|()| instance)
-                .map_err(|cause| (FieldPath::top(), cause))
+                .map_err(|cause| (FieldPath(None), cause))
         })
         .map_err(|(at, cause)| {
             let source_name = source.clone();
@@ -288,22 +288,23 @@ fn read_instance(source: &Source) -> Result<AuctionInstance, SolveError> {
         })
 }
 
-/// Where in the instance a bad value is, as serde_path_to_error writes it (`apps[0].rho_old`;
-/// `.` for the instance itself).
+/// Where in the instance a bad value is (`apps[0].rho_old`); `None` for the instance itself.
 #[derive(Debug)]
-pub struct FieldPath(String);
+pub struct FieldPath(Option<String>);
 
 impl FieldPath {
-    fn top() -> Self {
-        Self(".".to_owned())
+    /// serde_path_to_error writes the instance itself as `.`.
+    fn of(path: &serde_path_to_error::Path) -> Self {
+        let path = path.to_string();
+        Self((path != ".").then_some(path))
     }
 }
 
 impl fmt::Display for FieldPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.as_str() {
-            "." => Ok(()),
-            path => write!(f, " at `{path}`"),
+        match &self.0 {
+            Some(path) => write!(f, " at `{path}`"),
+            None => Ok(()),
         }
     }
 }
