@@ -421,6 +421,9 @@ fn bad_flags_are_input_errors() {
             "--restart-pause-seconds",
         ),
         (&["--estimation-error", "1.5"], "--estimation-error"),
+        // An absurd value is named as typed, not as Rust's 301-digit expansion of it.
+        (&["--restart-pause-seconds", "1e300"], "got 1e300"),
+        (&["--lease-minutes", "1e300"], "invalid lease length 1e300"),
     ] {
         let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
         assert_input_error(&args, mentions);

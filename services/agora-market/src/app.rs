@@ -7,6 +7,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::resources::Sensitivity;
+use crate::shown::Shown;
 use crate::throughput::Throughput;
 use crate::topology::Locality;
 
@@ -149,7 +150,7 @@ impl Job {
         {
             return Err(format!(
                 "serial_iteration_time must be a finite number of seconds >= {MIN_ITERATION_SECONDS}, got {}",
-                self.serial_iteration_time
+                Shown(self.serial_iteration_time)
             ));
         }
         if self.max_gpus == 0 {
@@ -185,7 +186,8 @@ impl Job {
             if !(seconds.is_finite() && seconds >= MIN_ITERATION_SECONDS) {
                 return Err(format!(
                     "{field}.serial_iteration_time must be a finite number of seconds >= \
-                     {MIN_ITERATION_SECONDS}, got {seconds}"
+                     {MIN_ITERATION_SECONDS}, got {}",
+                    Shown(seconds)
                 ));
             }
             after = change.at_iteration;

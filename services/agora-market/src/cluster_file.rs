@@ -25,6 +25,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use crate::shown::Shown;
 use crate::topology::{Cluster, ClusterSpec, MachineSpec, RackSpec, SlotSpec, TopologyError};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -248,7 +249,8 @@ impl MachineEntry {
             .filter(|memory| !(memory.is_finite() && *memory > 0.0))
         {
             return Err(format!(
-                "{name}.memory_gib must be a finite number of GiB > 0, got {memory}"
+                "{name}.memory_gib must be a finite number of GiB > 0, got {}",
+                Shown(memory)
             ));
         }
         Ok(MachineSpec {

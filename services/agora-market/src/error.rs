@@ -5,11 +5,12 @@ use crate::app::AppId;
 use crate::auction::AuctionError;
 use crate::hosts::HostError;
 use crate::lease::LeaseError;
+use crate::shown::Shown;
 use crate::topology::{GpuId, GpuIndex};
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum MarketError {
-    #[error("the fairness knob f must lie in [0, 1), got {0}")]
+    #[error("the fairness knob f must lie in [0, 1), got {}", Shown(*.0))]
     InvalidFairnessKnob(f64),
     #[error("app {0} is already in the market")]
     DuplicateApp(AppId),

@@ -29,6 +29,7 @@ pub mod progress;
 pub mod resources;
 pub mod rho;
 pub mod round;
+pub mod shown;
 pub mod throughput;
 pub mod time;
 pub mod topology;

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::app::{App, AppKind, Job, SpeedChange, MIN_ITERATION_SECONDS};
+use crate::shown::Shown;
 use crate::topology::Locality;
 
 /// One job's progress, as a framework reports it.
@@ -78,7 +79,8 @@ pub enum SpeedChangeError {
     #[error("at_iteration must be below job {job:?}'s total_iterations ({total}), got {at}")]
     BeyondTotal { job: String, at: u64, total: u64 },
     #[error(
-        "serial_iteration_time must be a finite number of seconds >= {min}, got {seconds}",
+        "serial_iteration_time must be a finite number of seconds >= {min}, got {}",
+        Shown(*seconds),
         min = MIN_ITERATION_SECONDS
     )]
     InvalidTime { seconds: f64 },

@@ -20,6 +20,8 @@ use std::num::NonZeroU32;
 use highs::{Col, HighsModelStatus, RowProblem, Sense};
 use serde::{Deserialize, Serialize};
 
+use crate::shown::Shown;
+
 /// What a machine has besides GPUs; `None`: not modelled on that machine.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct MachineResources {
@@ -117,25 +119,31 @@ impl Sensitivity {
             for (index, &[amount, speed]) in self.points(resource).iter().enumerate() {
                 if !(amount.is_finite() && amount >= 0.0) {
                     return Err(format!(
-                        "{field}[{index}]: the amount must be a finite number >= 0, got {amount}"
+                        "{field}[{index}]: the amount must be a finite number >= 0, got {}",
+                        Shown(amount)
                     ));
                 }
                 if !(speed.is_finite() && speed > 0.0) {
                     return Err(format!(
-                        "{field}[{index}]: the speed must be a finite number > 0, got {speed}"
+                        "{field}[{index}]: the speed must be a finite number > 0, got {}",
+                        Shown(speed)
                     ));
                 }
                 if let Some([last_amount, last_speed]) = previous {
                     if amount <= last_amount {
                         return Err(format!(
-                            "{field}[{index}]: amounts must increase, got {amount} after \
-                             {last_amount}"
+                            "{field}[{index}]: amounts must increase, got {} after \
+                             {}",
+                            Shown(amount),
+                            Shown(last_amount)
                         ));
                     }
                     if speed < last_speed {
                         return Err(format!(
                             "{field}[{index}]: speeds must not decrease (more of a resource \
-                             never slows a job), got {speed} after {last_speed}"
+                             never slows a job), got {} after {}",
+                            Shown(speed),
+                            Shown(last_speed)
                         ));
                     }
                 }
@@ -160,8 +168,10 @@ impl Sensitivity {
                 .find(|(_, [amount, _])| *amount > most)
             {
                 return Err(format!(
-                    "{}[{index}]: {amount} per GPU is more than any machine has ({most})",
-                    Self::field(resource)
+                    "{}[{index}]: {} per GPU is more than any machine has ({})",
+                    Self::field(resource),
+                    Shown(*amount),
+                    Shown(most)
                 ));
             }
         }

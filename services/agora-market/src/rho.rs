@@ -4,6 +4,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::shown::Shown;
+
 /// A finish-time fairness value rho = T_shared / T_independent: finite and strictly positive.
 /// Smaller is better; rho <= 1 means the app has its sharing incentive.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Deserialize)]
@@ -11,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub struct Rho(f64);
 
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
-#[error("rho must be a finite number greater than zero, got {0}")]
+#[error("rho must be a finite number greater than zero, got {}", Shown(*.0))]
 pub struct InvalidRho(pub f64);
 
 impl Rho {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::shown::Shown;
 use crate::topology::{Cluster, GpuLocation};
 
 /// An app's relative speed per GPU type (by the cluster's `gpu_type` names): 1.0 is the speed
@@ -35,7 +36,8 @@ impl Throughput {
             .find(|(_, &speed)| !(speed.is_finite() && speed > 0.0))
         {
             Some((gpu_type, speed)) => Err(format!(
-                "throughput.{gpu_type} must be a finite speed > 0, got {speed}"
+                "throughput.{gpu_type} must be a finite speed > 0, got {}",
+                Shown(*speed)
             )),
             None => Ok(()),
         }
@@ -91,7 +93,7 @@ pub struct ThroughputReport {
 pub enum ThroughputReportError {
     #[error("gpu_type: the cluster has no GPU of type `{gpu_type}`; its types are {known}")]
     UnknownType { gpu_type: String, known: String },
-    #[error("speed must be a finite speed > 0, got {0}")]
+    #[error("speed must be a finite speed > 0, got {}", Shown(*.0))]
     InvalidSpeed(f64),
 }
 

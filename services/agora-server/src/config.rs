@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agora_market::market::MarketConfig;
+use agora_market::shown::Shown;
 use serde::Deserialize;
 
 /// The settings of one arbiter. Every field has a default, so an empty file is valid.
@@ -203,7 +204,7 @@ impl ServerConfig {
         if !(0.0..1.0).contains(&self.fairness_knob) {
             return Err(ConfigError::Invalid(format!(
                 "fairness_knob must lie in [0, 1), got {}",
-                self.fairness_knob
+                Shown(self.fairness_knob)
             )));
         }
         let positive = [

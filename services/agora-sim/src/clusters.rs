@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use agora_market::cluster_file::{parse_cluster, parse_cluster_spec, ClusterFileError};
+use agora_market::shown::Shown;
 use agora_market::topology::{Cluster, ClusterSpec, MachineSpec, RackSpec};
 
 /// Reads and expands a cluster file, without building the cluster.
@@ -114,5 +115,5 @@ pub fn scale_cluster(spec: &ClusterSpec, fraction: f64) -> Result<ClusterSpec, I
 
 /// A cluster scale fraction outside (0, 1].
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
-#[error("cluster scale fraction must be in (0, 1], got {0}")]
+#[error("cluster scale fraction must be in (0, 1], got {}", Shown(*.0))]
 pub struct InvalidScale(pub f64);

@@ -22,6 +22,7 @@ use agora_market::app::{
     App, AppId, AppKind, CurveJob, Job, PerformanceCurve, PlacementSlowdown, SpeedChange,
     SuccessiveHalving,
 };
+use agora_market::shown::Shown;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -149,13 +150,13 @@ impl GeneratorConfig {
 pub enum GeneratorError {
     #[error("apps must be at least 1: a workload of no apps has nothing to simulate")]
     NoApps,
-    #[error("duration_scale must be positive and finite, got {0}")]
+    #[error("duration_scale must be positive and finite, got {}", Shown(*.0))]
     DurationScale(f64),
-    #[error("mean_interarrival_seconds must be finite and >= 0, got {0}")]
+    #[error("mean_interarrival_seconds must be finite and >= 0, got {}", Shown(*.0))]
     MeanInterarrival(f64),
-    #[error("network_intensive_fraction must be in [0, 1], got {0}")]
+    #[error("network_intensive_fraction must be in [0, 1], got {}", Shown(*.0))]
     NetworkIntensiveFraction(f64),
-    #[error("dynamic_fraction must be in [0, 1], got {0}")]
+    #[error("dynamic_fraction must be in [0, 1], got {}", Shown(*.0))]
     DynamicFraction(f64),
 }
 

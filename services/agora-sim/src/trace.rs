@@ -7,6 +7,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use agora_market::app::{App, AppId, AppKind, Job};
+use agora_market::shown::Shown;
 
 use crate::models;
 use crate::workload::{Workload, WorkloadApp};
@@ -148,7 +149,7 @@ pub fn check_workload(workload: &Workload) -> Result<(), WorkloadProblem> {
             return Err(fail(format!(
                 "arrival_seconds must be a number of seconds in [0, {MAX_ARRIVAL_SECONDS:e}] \
                  (31 years), got {}",
-                entry.arrival_seconds
+                Shown(entry.arrival_seconds)
             )));
         }
         entry.app.validate().map_err(fail)?;

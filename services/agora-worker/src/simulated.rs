@@ -186,7 +186,7 @@ fn validate(spec: &HostSpec) -> Result<(), String> {
         .filter(|memory| !(memory.is_finite() && *memory > 0.0))
     {
         return Err(format!(
-            "host_memory_gib: must be a number of GiB above 0, got {memory}"
+            "host_memory_gib: must be a number of GiB above 0, got {memory:?}"
         ));
     }
     let in_range = |gpu: &u32| *gpu < spec.gpus;

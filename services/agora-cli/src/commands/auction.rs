@@ -12,6 +12,7 @@ use agora_market::auction::{
     AppBid, Auction, AuctionError, AuctionOutcome, BidEntry, Offer, PaymentStats, PfStats,
 };
 use agora_market::rho::{Rho, RhoOld};
+use agora_market::shown::Shown;
 use agora_market::throughput::{rho_at_speed, Throughput};
 use agora_market::topology::GpuId;
 use clap::{Args, Subcommand};
@@ -368,7 +369,8 @@ fn priced_bid(
     let spent = app.rho_elapsed;
     if !(spent.is_finite() && spent >= 0.0) {
         return Err(TypeError(format!(
-            "{field}.rho_elapsed must be a finite number >= 0, got {spent}"
+            "{field}.rho_elapsed must be a finite number >= 0, got {}",
+            Shown(spent)
         )));
     }
     let bids = app

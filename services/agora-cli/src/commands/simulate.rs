@@ -10,6 +10,7 @@ use std::time::Duration;
 use agora_market::cluster_file::ClusterFileError;
 use agora_market::market::MarketConfig;
 use agora_market::policy::{Policy, UnknownPolicy};
+use agora_market::shown::Shown;
 use agora_sim::clusters::load_cluster;
 use agora_sim::generate::{
     workload1, workload2, GeneratorConfig, GeneratorError, DEFAULT_APPS, DEFAULT_DURATION_SCALE,
@@ -222,20 +223,23 @@ impl SimulateArgs {
         if !(0.0..1.0).contains(&f) {
             return Err(flag(
                 "f",
-                format!("the fairness knob must lie in [0, 1), got {f}"),
+                format!("the fairness knob must lie in [0, 1), got {}", Shown(f)),
             ));
         }
         let lease = self.lease_minutes;
         if !(lease.is_finite() && lease > 0.0) {
             return Err(flag(
                 "lease-minutes",
-                format!("the lease length must be a positive number of minutes, got {lease}"),
+                format!(
+                    "the lease length must be a positive number of minutes, got {}",
+                    Shown(lease)
+                ),
             ));
         }
         let lease_length = Duration::try_from_secs_f64(lease * 60.0).map_err(|error| {
             flag(
                 "lease-minutes",
-                format!("invalid lease length {lease}: {error}"),
+                format!("invalid lease length {}: {error}", Shown(lease)),
             )
         })?;
         let pause = self.restart_pause_seconds;
@@ -247,14 +251,20 @@ impl SimulateArgs {
         .ok_or_else(|| {
             flag(
                 "restart-pause-seconds",
-                format!("the restart pause must be a finite number of seconds >= 0, got {pause}"),
+                format!(
+                    "the restart pause must be a finite number of seconds >= 0, got {}",
+                    Shown(pause)
+                ),
             )
         })?;
         let error = self.estimation_error;
         if !(0.0..1.0).contains(&error) {
             return Err(flag(
                 "estimation-error",
-                format!("the estimation error must lie in [0, 1), got {error}"),
+                format!(
+                    "the estimation error must lie in [0, 1), got {}",
+                    Shown(error)
+                ),
             ));
         }
         Ok(SimulationConfig {

@@ -14,6 +14,7 @@ use agora_market::hosts::{Host, HostGpu, HostSpec};
 use agora_market::live::{Event, Notice};
 use agora_market::market::{HostJoined, Market, Withdrawal};
 use agora_market::resources::MachineResources;
+use agora_market::shown::Shown;
 use agora_market::time::Timestamp;
 use agora_market::topology::{GpuId, GpuIndex};
 use agora_protocol::{
@@ -110,7 +111,8 @@ fn host_resources(registration: &HostRegistration) -> Result<MachineResources, A
         .filter(|memory| !(memory.is_finite() && *memory > 0.0))
     {
         return Err(ArbiterError::InvalidRegistration(format!(
-            "memory_gib: the host's memory must be a finite number of GiB above 0, got {memory}"
+            "memory_gib: the host's memory must be a finite number of GiB above 0, got {}",
+            Shown(memory)
         )));
     }
     Ok(MachineResources {

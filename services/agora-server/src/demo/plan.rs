@@ -3,6 +3,7 @@
 //! search that halves its trials phase by phase) and whether its framework bids itself. No
 //! clock and no I/O: the same seed and rate give the same stream, whatever the machine.
 
+use agora_market::shown::Shown;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
@@ -49,8 +50,9 @@ impl DemoOptions {
             && rate_per_minute <= Self::MAX_RATE)
         {
             return Err(format!(
-                "--demo-rate must be a number of arrivals per minute in (0, {}], got {rate_per_minute}",
-                Self::MAX_RATE
+                "--demo-rate must be a number of arrivals per minute in (0, {}], got {}",
+                Self::MAX_RATE,
+                Shown(rate_per_minute)
             ));
         }
         Ok(Self {
