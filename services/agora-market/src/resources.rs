@@ -132,8 +132,7 @@ impl Sensitivity {
                 if let Some([last_amount, last_speed]) = previous {
                     if amount <= last_amount {
                         return Err(format!(
-                            "{field}[{index}]: amounts must increase, got {} after \
-                             {}",
+                            "{field}[{index}]: amounts must increase, got {} after {}",
                             Shown(amount),
                             Shown(last_amount)
                         ));
