@@ -292,6 +292,8 @@ async function assertNoTrace(page, apps) {
 test('the page survives a server restart and goes on with live rounds', async () => {
   const page = await signedIn(tokens['demo-vision']);
   await page.goto(`${base}/#/rounds`);
+  // The indicator is live from sign-in on; the list must have loaded before the server goes.
+  await page.locator('#round-list a').first().waitFor();
   await page.locator('#live[data-state="live"]').waitFor();
   await server.stop();
   await page.locator('#live[data-state="reconnecting"]').waitFor();
