@@ -34,12 +34,22 @@ compute_capability = "8.0"
 memory_gib = 80
 default_ancestor = "node"
 """
+# The service keeps time in whole milliseconds, truncated (services/agora-server/src/clock.rs):
+# a moment it records reads up to this much before the instant it stands for.
+SERVER_CLOCK_RESOLUTION = 0.001
 DEFAULT_SETTINGS = {
     "lease_seconds": 60,
     "round_deadline_ms": 1_000,
     "revocation_grace_seconds": 30,
     "tick_ms": 20,
 }
+
+
+def within_lease(lease_start: float, lease_stop: float, started: float, stopped: float) -> bool:
+    """Whether a run the client timed lies within a lease the server recorded. A run that ends
+    in the lease's last millisecond may read a fraction of a millisecond past the recorded end
+    (see `SERVER_CLOCK_RESOLUTION`); a recorded start can only read early, never late."""
+    return lease_start <= started <= stopped <= lease_stop + SERVER_CLOCK_RESOLUTION
 
 
 def psql(database: str, sql: str) -> str:

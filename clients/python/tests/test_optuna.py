@@ -15,7 +15,7 @@ from agora_client import Client, Unauthorized, Unprocessable, models
 from agora_client.optuna import RUNS_ATTR, AgoraTrial, StudyResult, app_spec, run_study
 from agora_client.trials import Checkpoints, GpuSlot, TrialRun, search_spec
 
-from conftest import Server
+from conftest import Server, within_lease
 
 # Short leases, so that trials outlive several of them and must stop and resume.
 SERVER_SETTINGS = {"lease_seconds": 3, "round_deadline_ms": 300, "revocation_grace_seconds": 1, "tick_ms": 20}
@@ -75,7 +75,12 @@ def check_history(server: Server, study: optuna.Study, result: StudyResult, max_
         for lease_id, gpu, started, stopped in trial.user_attrs[RUNS_ATTR]:
             lease = leases[lease_id]
             assert gpu in lease["gpus"]
-            assert lease["start"] <= started <= stopped <= lease["stop"], (trial.number, lease)
+            assert within_lease(lease["start"], lease["stop"], started, stopped), (
+                trial.number,
+                started,
+                stopped,
+                lease,
+            )
     jobs = {
         row["name"]: row
         for row in server.query(

@@ -16,7 +16,7 @@ from agora_client import Client, Conflict, models  # noqa: E402
 from agora_client.trials import search_spec  # noqa: E402
 from agora_client.tune import AgoraBroker, AgoraTuneTrial, run_tune  # noqa: E402
 
-from conftest import Server  # noqa: E402
+from conftest import Server, within_lease  # noqa: E402
 
 SERVER_SETTINGS = {"lease_seconds": 3, "round_deadline_ms": 300, "revocation_grace_seconds": 1, "tick_ms": 20}
 # A trial's steps take longer than a lease (3 s), so a trial that runs them all outlives one;
@@ -83,7 +83,11 @@ def test_an_asha_search_runs_on_leases_and_its_progress_is_stored(
     }
     for final in finals:
         for lease, started, stopped in final["runs"]:
-            assert leases[lease]["start"] <= started <= stopped <= leases[lease]["stop"]
+            assert within_lease(leases[lease]["start"], leases[lease]["stop"], started, stopped), (
+                started,
+                stopped,
+                leases[lease],
+            )
     jobs = server.query(f"SELECT completed_iterations, stopped FROM jobs WHERE app_id = {app.id}")
     outcomes = sorted((job["stopped"], job["completed_iterations"]) for job in jobs)
     assert outcomes == sorted(
