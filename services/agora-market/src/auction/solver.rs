@@ -1637,8 +1637,12 @@ impl Program {
         // A restart re-presolves and re-separates the root once the cut-off has fixed enough
         // columns; a search for one choice above the threshold throws that work away. Off,
         // the auction benchmark's slowest decision program (1,018 columns) took 77 ms instead
-        // of 814, and the 256-GPU round's (135 columns) took about as long (BENCHMARKS.md).
+        // of 814, and the 256-GPU round's (135 columns) took about as long. Without restarts,
+        // the RINS and RENS sub-MIPs cost more than they find: off, the benchmark's decision
+        // programs took 35% less time in all and the round's 10% less (BENCHMARKS.md).
         model.set_option("mip_allow_restart", false);
+        model.set_option("mip_heuristic_run_rins", false);
+        model.set_option("mip_heuristic_run_rens", false);
         let nodes = i32::try_from(budget.branch_and_bound_nodes).unwrap_or(i32::MAX);
         model.set_option("mip_max_nodes", nodes);
         let solved = solve_status(model, program)?;
@@ -1683,8 +1687,7 @@ impl Program {
         // Measured on the auction benchmark's identical instances (BENCHMARKS.md): without
         // these two sub-MIP heuristics the PF programs took 42% less time in all on
         // `starving` and 22% less on `aligned`, and no more on the round benchmark's 256- and
-        // 4096-GPU programs. (The payment programs keep them: there the same switch was as
-        // often slower as faster.)
+        // 4096-GPU programs. (The decision programs turn them off too; see `exceeds`.)
         model.set_option("mip_heuristic_run_rins", false);
         model.set_option("mip_heuristic_run_rens", false);
         if tier == Tier::StarvingServed {
