@@ -1602,6 +1602,13 @@ impl Program {
         // feasibility jump has a fixed effort floor.
         model.set_option("mip_heuristic_run_feasibility_jump", false);
         model.set_option("mip_heuristic_run_root_reduced_cost", false);
+        // So do the RINS and RENS sub-MIPs (BENCHMARKS.md): off, the PF programs took 42% less
+        // time in all on the auction benchmark's `starving` and 22% less on `aligned`, and no
+        // more on the round benchmark's; the decision programs (without restarts, see
+        // `exceeds`) 35% less on the auction benchmark's families and 10% less on a 256-GPU
+        // round's.
+        model.set_option("mip_heuristic_run_rins", false);
+        model.set_option("mip_heuristic_run_rens", false);
         model
     }
 
@@ -1637,12 +1644,8 @@ impl Program {
         // A restart re-presolves and re-separates the root once the cut-off has fixed enough
         // columns; a search for one choice above the threshold throws that work away. Off,
         // the auction benchmark's slowest decision program (1,018 columns) took 77 ms instead
-        // of 814, and the 256-GPU round's (135 columns) took about as long. Without restarts,
-        // the RINS and RENS sub-MIPs cost more than they find: off, the benchmark's decision
-        // programs took 35% less time in all and the round's 10% less (BENCHMARKS.md).
+        // of 814, and the 256-GPU round's (135 columns) took about as long (BENCHMARKS.md).
         model.set_option("mip_allow_restart", false);
-        model.set_option("mip_heuristic_run_rins", false);
-        model.set_option("mip_heuristic_run_rens", false);
         let nodes = i32::try_from(budget.branch_and_bound_nodes).unwrap_or(i32::MAX);
         model.set_option("mip_max_nodes", nodes);
         let solved = solve_status(model, program)?;
@@ -1684,12 +1687,6 @@ impl Program {
             return Ok(Solved::Optimal(choice));
         }
         let mut model = self.model();
-        // Measured on the auction benchmark's identical instances (BENCHMARKS.md): without
-        // these two sub-MIP heuristics the PF programs took 42% less time in all on
-        // `starving` and 22% less on `aligned`, and no more on the round benchmark's 256- and
-        // 4096-GPU programs. (The decision programs turn them off too; see `exceeds`.)
-        model.set_option("mip_heuristic_run_rins", false);
-        model.set_option("mip_heuristic_run_rens", false);
         if tier == Tier::StarvingServed {
             // A count's LP bound is almost always its optimum (an integral objective over
             // packing rows); what a count program that gets here lacks is a choice attaining
