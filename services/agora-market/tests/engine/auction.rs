@@ -1143,8 +1143,17 @@ proptest! {
         let (offer, mut bids) = (spec.offer(), spec.bids());
         let first = run(&offer, &bids, spec.seed);
         prop_assert_eq!(&run(&offer, &bids, spec.seed), &first);
+        // Identical bids keep the order they are given in (the round gives them worst off
+        // first), so only bids that differ must not depend on it.
+        let identical = |a: &AppBid, b: &AppBid| a.rho_old == b.rho_old && a.bids == b.bids;
+        let all_differ = bids
+            .iter()
+            .enumerate()
+            .all(|(i, a)| bids[i + 1..].iter().all(|b| !identical(a, b)));
         bids.reverse();
-        prop_assert_eq!(&run(&offer, &bids, spec.seed), &first, "reversed bid order");
+        if all_differ {
+            prop_assert_eq!(&run(&offer, &bids, spec.seed), &first, "reversed bid order");
+        }
     }
 }
 
