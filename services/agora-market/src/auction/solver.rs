@@ -513,7 +513,7 @@ fn optimum(
             // Without RINS and RENS (see `Program::solve`), HiGHS's incumbent after the budget
             // is often poor; the dive, one chain of LP re-solves, was worth 0.2-4.6 more
             // log-welfare on bundles drawn anywhere (BENCHMARKS.md).
-            let dived = relaxation.dive("proportional-fair")?;
+            let dived = relaxation.dive("proportional-fair", |_, _| false)?;
             let polish = |start| improve(context, members, start, None, weight);
             // The rounding is already improved.
             let candidates = [incumbent.map(polish), rounded, dived.map(polish)];
@@ -767,7 +767,18 @@ fn screen_payment(
         }
     }
     if !optimum.decides(rounding) && relaxation.may_dive() {
-        if let Some(dived) = relaxation.dive("payment")? {
+        // Each step's LP optimum, rounded and improved, is a choice too, at times better than
+        // the dive's end; once one decides the payment, the rest of the dive is not needed.
+        let mut lower = optimum.lower;
+        let dived = relaxation.dive("payment", |formulation, values| {
+            let rounded = formulation.rounded(context, members, values, Some(starving_served));
+            if let Some(rounded) = rounded {
+                lower = lower.max(improved(rounded));
+            }
+            Bracket { lower, ..optimum }.decides(rounding)
+        })?;
+        optimum.lower = lower;
+        if let Some(dived) = dived {
             optimum.lower = optimum.lower.max(improved(dived));
         }
     }
@@ -1501,8 +1512,13 @@ impl Relaxation {
     /// A choice of the binary program found by diving from the last LP optimum: the column
     /// with the largest fractional value is fixed to 1 (to 0 when that leaves the LP
     /// infeasible) and the LP re-solved from its basis, until the LP optimum is integral.
-    /// `None` when the dive ends infeasible. The fixed columns are released afterwards.
-    fn dive(&mut self, program: &'static str) -> Result<Option<Vec<Option<usize>>>, AuctionError> {
+    /// `None` when the dive ends infeasible, or when `enough`, shown each step's LP optimum,
+    /// stops it first. The fixed columns are released afterwards.
+    fn dive(
+        &mut self,
+        program: &'static str,
+        mut enough: impl FnMut(&Formulation, &[f64]) -> bool,
+    ) -> Result<Option<Vec<Option<usize>>>, AuctionError> {
         let mut fixed: Vec<Col> = Vec::new();
         // Whether the last column fixed is still at 1, so that an infeasible LP can undo it.
         let mut last_at_one = false;
@@ -1527,6 +1543,9 @@ impl Relaxation {
                     }
                     _ => break,
                 }
+            }
+            if enough(&self.formulation, &values) {
+                break;
             }
             let fractional = values
                 .iter()
