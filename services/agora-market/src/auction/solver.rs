@@ -1914,4 +1914,64 @@ mod tests {
             without_a
         );
     }
+
+    /// Three bidders each want two of the GPUs x, y and z (an odd cycle), so the LP optimum
+    /// takes every bundle by half. A dive fixes one bundle and ends integral; a dive told to
+    /// stop at its first step finds nothing and leaves the relaxation as it was.
+    #[test]
+    fn a_dive_stops_when_told_and_releases_what_it_fixed() {
+        let offer = Offer::without_topology(["x", "y", "z"].map(GpuId::from).to_vec());
+        let pair = |app: &str, first: &str, second: &str| AppBid {
+            app: AppId::from(app),
+            rho_old: Some(Rho::new(1.0).expect("valid")),
+            bids: vec![BidEntry {
+                gpus: vec![GpuId::from(first), GpuId::from(second)],
+                rho: Rho::new(0.5).expect("valid"),
+            }],
+        };
+        let bids = [
+            pair("a", "x", "y"),
+            pair("b", "y", "z"),
+            pair("c", "x", "z"),
+        ];
+        let instance = Instance::build(&offer, &bids).expect("valid");
+        let contested = contested_classes(&instance);
+        let context = Context {
+            instance: &instance,
+            contested: &contested,
+        };
+        let members = [0, 1, 2];
+        let gain = |member, option| instance.gain(member, option);
+        let mut relaxation = Relaxation::new(&context, &members, gain, None);
+        let relaxed = relaxation.solve_integral("test", None).expect("solved");
+        assert!(relaxed.choice.is_none(), "the LP optimum is fractional");
+        assert!((relaxed.bound - 1.5 * 2f64.ln()).abs() < 1e-9);
+
+        let mut steps = 0;
+        let stopped = relaxation.dive("test", |_, _| {
+            steps += 1;
+            true
+        });
+        assert_eq!(stopped.expect("solved"), None);
+        assert_eq!(steps, 1);
+        let again = relaxation.solve_integral("test", None).expect("solved");
+        assert!(
+            (again.bound - relaxed.bound).abs() < 1e-9,
+            "the stopped dive released what it fixed"
+        );
+
+        let mut seen: Vec<Vec<f64>> = Vec::new();
+        let dived = relaxation.dive("test", |_, values| {
+            seen.push(values.to_vec());
+            false
+        });
+        let dived = dived.expect("solved").expect("an integral choice");
+        assert_eq!(dived.iter().flatten().count(), 1, "one bundle of the three");
+        assert_eq!(
+            seen.len(),
+            2,
+            "the fractional optimum, then the integral one"
+        );
+        assert!(seen[0].iter().all(|&x| (x - 0.5).abs() < 1e-9));
+    }
 }
