@@ -510,7 +510,7 @@ fn optimum(
     match program.solve("proportional-fair", tier, budget.branch_and_bound_nodes)? {
         Solved::Optimal(choice) => Ok((choice, Method::BranchAndBound)),
         Solved::OutOfBudget(incumbent) => {
-            // Without RINS and RENS (see `Program::solve`), HiGHS's incumbent after the budget
+            // Without RINS and RENS (see `Program::model`), HiGHS's incumbent after the budget
             // is often poor; the dive, one chain of LP re-solves, was worth 0.2-4.6 more
             // log-welfare on bundles drawn anywhere (BENCHMARKS.md).
             let dived = relaxation.dive("proportional-fair", |_, _| false)?;
