@@ -14,9 +14,11 @@
 //!   re-solve is a few dual simplex iterations from the previous basis; a winner whose bundle
 //!   uses no contested class pays nothing (c_i = 1) without any solve;
 //! - a payment is needed only as precisely as its rounding to whole GPUs (the draws are made
-//!   first): the LP bound without the payer and the PF solution minus the payer (improved by
-//!   local moves, then also the LP optimum rounded) bracket c_i, and when every share in the
-//!   bracket keeps the same GPUs, no binary program runs;
+//!   first): the PF solution minus the payer (improved by local moves, then also the LP
+//!   optimum rounded) below, and above the bound the PF choice's own LP duals give without
+//!   the payer ([`DualBound`], no solve) and then, only if needed, the LP re-solved without
+//!   it, bracket c_i; when every share in the bracket keeps the same GPUs, no binary program
+//!   runs;
 //! - otherwise binary programs decide, one rounding threshold at a time, whether the others'
 //!   optimum without the payer exceeds it (a cut-off search that stops at the first better
 //!   solution), within a deterministic budget of programs and branch-and-bound nodes, and only
@@ -198,13 +200,19 @@ pub(super) fn proportional_fair(
     let mut pf = Pf {
         options: vec![None; instance.bidders.len()],
         fell_back: vec![false; components.len()],
+        duals: Vec::with_capacity(components.len()),
         stats: PfStats {
             components: components.len(),
             ..PfStats::default()
         },
     };
-    for ((members, choice), fell_back) in components.iter().zip(choices).zip(&mut pf.fell_back) {
-        let (choice, method) = choice?;
+    for ((members, component), fell_back) in components.iter().zip(choices).zip(&mut pf.fell_back) {
+        let PfComponent {
+            choice,
+            method,
+            dual,
+        } = component?;
+        pf.duals.push(dual);
         let stats = &mut pf.stats;
         match method {
             Method::Alone => stats.alone += 1,
@@ -228,6 +236,9 @@ pub(super) struct Pf {
     pub options: Choice,
     /// By component, in [`Structure`] order: whether its branch and bound ran out of budget.
     pub fell_back: Vec<bool>,
+    /// By component: its welfare LP's bounds on the program without each member, which the
+    /// payments try before re-solving anything (`None` for a bidder alone).
+    duals: Vec<Option<DualBound>>,
     pub stats: PfStats,
 }
 
@@ -269,12 +280,11 @@ pub(super) fn payments(
         contested: &structure.contested,
     };
     let options = &pf.options;
-    let groups: Vec<PayerGroup> = structure
-        .components
-        .iter()
+    let groups: Vec<PayerGroup> = (structure.components.iter())
         .zip(&pf.fell_back)
-        .filter(|(members, _)| members.len() > 1)
-        .flat_map(|(members, &fell_back)| {
+        .zip(&pf.duals)
+        .filter_map(|((members, fell_back), dual)| Some((members, *fell_back, dual.as_ref()?)))
+        .flat_map(|(members, fell_back, dual)| {
             let payers: Vec<usize> = (0..members.len())
                 .filter(|&position| options[members[position]].is_some())
                 .collect();
@@ -286,6 +296,7 @@ pub(super) fn payments(
                 members,
                 payers,
                 programs_allowed: !fell_back,
+                dual,
             })
         })
         .collect();
@@ -407,10 +418,14 @@ fn pf_choice(
     context: &Context,
     members: &[usize],
     budget: PfBudget,
-) -> Result<(Vec<Option<usize>>, Method), AuctionError> {
+) -> Result<PfComponent, AuctionError> {
     let instance = context.instance;
     if let [only] = members {
-        return Ok((vec![best_alone(instance, *only)], Method::Alone));
+        return Ok(PfComponent {
+            choice: vec![best_alone(instance, *only)],
+            method: Method::Alone,
+            dual: None,
+        });
     }
     let starving = |member: usize| instance.bidders[member].is_starving();
     let starving_members: Vec<usize> = members.iter().copied().filter(|&m| starving(m)).collect();
@@ -423,7 +438,7 @@ fn pf_choice(
         // The others serve no starving bidder and can always take nothing: they are left out
         // of the count's program, which is then over the starving alone.
         let nothing = vec![None; starving_members.len()];
-        let (choice, method) = optimum(
+        let (choice, method, _) = optimum(
             context,
             &starving_members,
             Tier::StarvingServed,
@@ -439,7 +454,7 @@ fn pf_choice(
         }
         (Some(counted.iter().flatten().count()), method)
     };
-    let (choice, second) = optimum(
+    let (choice, second, dual) = optimum(
         context,
         members,
         Tier::Welfare,
@@ -452,7 +467,19 @@ fn pf_choice(
         (Method::Relaxation, Method::Relaxation) => Method::Relaxation,
         _ => Method::BranchAndBound,
     };
-    Ok((choice, method))
+    Ok(PfComponent {
+        choice,
+        method,
+        dual: Some(dual),
+    })
+}
+
+/// One component's PF choice ([`pf_choice`]), in `members` order.
+struct PfComponent {
+    choice: Vec<Option<usize>>,
+    method: Method,
+    /// The welfare LP's bounds on the program without each member; `None` for a bidder alone.
+    dual: Option<DualBound>,
 }
 
 /// The two programs of the PF choice ([`pf_choice`]).
@@ -477,7 +504,8 @@ impl Tier {
 /// starving members when given: by its LP relaxation when that is integral, by branch and
 /// bound otherwise. When branch and bound runs out of `budget`, the best of its incumbent, the
 /// LP optimum rounded, a dive from the LP optimum and `feasible` (a choice the program
-/// allows), each improved by local moves.
+/// allows), each improved by local moves. Also what its LP's duals bound of the program
+/// without each member.
 fn optimum(
     context: &Context,
     members: &[usize],
@@ -485,55 +513,59 @@ fn optimum(
     starving_served: Option<usize>,
     feasible: Vec<Option<usize>>,
     budget: PfBudget,
-) -> Result<(Vec<Option<usize>>, Method), AuctionError> {
+) -> Result<(Vec<Option<usize>>, Method, DualBound), AuctionError> {
     let weight = |member, option| tier.weight(context.instance, member, option);
     let mut relaxation = Relaxation::new(context, members, weight, starving_served);
     let screening = relaxation.solve_integral("proportional-fair", None)?;
-    if let Some(choice) = screening.choice {
-        return Ok((choice, Method::Relaxation));
-    }
-    // A fractional LP optimum whose value some choice attains (most often in the count of
-    // starving served) needs no branch and bound: the LP optimum rounded and improved finds
-    // such a choice in 29 of 30 count programs of the round benchmark; a dive found none of
-    // the others (BENCHMARKS.md).
-    let formulation = &relaxation.formulation;
-    let rounded = formulation
-        .rounded(context, members, &screening.values, starving_served)
-        .map(|start| improve(context, members, start, None, weight));
-    if let Some(choice) = rounded
-        .as_ref()
-        .filter(|choice| formulation.attains(choice, screening.bound))
-    {
-        return Ok((choice.clone(), Method::Relaxation));
-    }
-    let program = Program::new(context, members, starving_served, weight, |_, _| true);
-    match program.solve("proportional-fair", tier, budget.branch_and_bound_nodes)? {
-        Solved::Optimal(choice) => Ok((choice, Method::BranchAndBound)),
-        Solved::OutOfBudget(incumbent) => {
-            // Without RINS and RENS (see `Program::model`), HiGHS's incumbent after the budget
-            // is often poor; the dive, one chain of LP re-solves, was worth 0.2-4.6 more
-            // log-welfare on bundles drawn anywhere (BENCHMARKS.md).
-            let dived = relaxation.dive("proportional-fair", |_, _| false)?;
-            let polish = |start| improve(context, members, start, None, weight);
-            // The rounding is already improved.
-            let candidates = [incumbent.map(polish), rounded, dived.map(polish)];
-            let best = candidates
-                .into_iter()
-                .flatten()
-                .chain([polish(feasible)])
-                // The first of equals: the incumbent, then the rounding, then the dive.
-                .reduce(|best, next| {
-                    let worth = |choice| relaxation.formulation.worth(choice);
-                    if worth(&next) > worth(&best) {
-                        next
-                    } else {
-                        best
-                    }
-                })
-                .expect("the feasible choice is a candidate");
-            Ok((best, Method::Fallback))
+    let dual = (relaxation.formulation).dual_bound(context, members, &screening.row_duals);
+    let (choice, method) = 'chosen: {
+        if let Some(choice) = screening.choice {
+            break 'chosen (choice, Method::Relaxation);
         }
-    }
+        // A fractional LP optimum whose value some choice attains (most often in the count of
+        // starving served) needs no branch and bound: the LP optimum rounded and improved finds
+        // such a choice in 29 of 30 count programs of the round benchmark; a dive found none of
+        // the others (BENCHMARKS.md).
+        let formulation = &relaxation.formulation;
+        let rounded = formulation
+            .rounded(context, members, &screening.values, starving_served)
+            .map(|start| improve(context, members, start, None, weight));
+        if let Some(choice) = rounded
+            .as_ref()
+            .filter(|choice| formulation.attains(choice, screening.bound))
+        {
+            break 'chosen (choice.clone(), Method::Relaxation);
+        }
+        let program = Program::new(context, members, starving_served, weight, |_, _| true);
+        match program.solve("proportional-fair", tier, budget.branch_and_bound_nodes)? {
+            Solved::Optimal(choice) => (choice, Method::BranchAndBound),
+            Solved::OutOfBudget(incumbent) => {
+                // Without RINS and RENS (see `Program::model`), HiGHS's incumbent after the
+                // budget is often poor; the dive, one chain of LP re-solves, was worth 0.2-4.6
+                // more log-welfare on bundles drawn anywhere (BENCHMARKS.md).
+                let dived = relaxation.dive("proportional-fair", |_, _| false)?;
+                let polish = |start| improve(context, members, start, None, weight);
+                // The rounding is already improved.
+                let candidates = [incumbent.map(polish), rounded, dived.map(polish)];
+                let best = candidates
+                    .into_iter()
+                    .flatten()
+                    .chain([polish(feasible)])
+                    // The first of equals: the incumbent, then the rounding, then the dive.
+                    .reduce(|best, next| {
+                        let worth = |choice| relaxation.formulation.worth(choice);
+                        if worth(&next) > worth(&best) {
+                            next
+                        } else {
+                            best
+                        }
+                    })
+                    .expect("the feasible choice is a candidate");
+                (best, Method::Fallback)
+            }
+        }
+    };
+    Ok((choice, method, dual))
 }
 
 /// Payers of one component whose payments share one LP model.
@@ -544,6 +576,8 @@ struct PayerGroup<'a> {
     /// Whether payments the screening leaves open may dive and run binary programs: not when
     /// the PF choice fell back, so they fall back at once.
     programs_allowed: bool,
+    /// The component's bounds from its PF choice's LP.
+    dual: &'a DualBound,
 }
 
 /// A payment: its share, the binary programs it took, and whether it fell back to the LP
@@ -618,8 +652,8 @@ impl OpenPayment<'_> {
     }
 }
 
-/// Screens the payments of one group, in the order of its payers: certified, proved by the LP
-/// relaxation without the payer, or bracketed for binary programs to decide.
+/// Screens the payments of one group, in the order of its payers: certified, proved by the
+/// bounds or the LP relaxation without the payer, or bracketed for binary programs to decide.
 fn screen_group<'a>(
     context: &Context,
     group: &PayerGroup<'a>,
@@ -629,7 +663,7 @@ fn screen_group<'a>(
 ) -> Result<Vec<Screen<'a>>, AuctionError> {
     let instance = context.instance;
     let members = group.members;
-    let gain = |member, option| instance.gain(member, option);
+    // Created at the first payment the duals' bound leaves open.
     let mut relaxation: Option<Relaxation> = None;
     let mut screens = Vec::with_capacity(group.payers.len());
     for &position in &group.payers {
@@ -643,41 +677,30 @@ fn screen_group<'a>(
         // Workers run the solves, so the span names its parent explicitly.
         let app = &instance.bidders[payer].bid.app;
         let _solve = tracing::info_span!(parent: span, "payment_solve", %app).entered();
-        let others: Vec<usize> = members.iter().copied().filter(|&m| m != payer).collect();
-        let with_payer = welfare(instance, others.iter().map(|&m| (m, options[m])));
-        let starving_served = others
+        let starving_served = members
             .iter()
-            .filter(|&&m| instance.bidders[m].is_starving() && options[m].is_some())
+            .filter(|&&m| m != payer && instance.bidders[m].is_starving() && options[m].is_some())
             .count();
         let pf_without_payer: Vec<Option<usize>> = members
             .iter()
             .map(|&m| if m == payer { None } else { options[m] })
             .collect();
-        let relaxation = relaxation.get_or_insert_with(|| {
-            let mut relaxation = Relaxation::new(context, members, gain, Some(starving_served));
-            relaxation.dives = group.programs_allowed;
-            relaxation
-        });
         let rounding = roundings[payer].expect("a payer won a bundle");
-        relaxation.exclude(position, starving_served);
-        let screened = screen_payment(
+        let payment = PayerScreen {
             context,
-            relaxation,
             members,
             position,
-            &pf_without_payer,
             starving_served,
             rounding,
-        )?;
-        relaxation.restore(position);
+        };
+        let with_payer = payment.worth(&pf_without_payer);
+        let screened = payment.screen(group, &mut relaxation, pf_without_payer)?;
         screens.push(match screened {
             Screened::Exact(without_payer) => {
                 let share = ShareBounds::exact(share(with_payer, without_payer));
                 Screen::Settled(Payment::certified(share))
             }
-            Screened::Bracketed(bracket, _) if bracket.decides(rounding) => {
-                Screen::Settled(Payment::certified(bracket.shares()))
-            }
+            Screened::Decided(bracket) => Screen::Settled(Payment::certified(bracket.shares())),
             Screened::Bracketed(bracket, _) if !group.programs_allowed => {
                 Screen::Settled(bracket.fall_back(0))
             }
@@ -685,7 +708,9 @@ fn screen_group<'a>(
                 payer,
                 members,
                 position,
-                component_size: relaxation.size(),
+                component_size: (relaxation.as_ref())
+                    .expect("an open payment re-solved the LP")
+                    .size(),
                 starving_served,
                 rounding,
                 bracket,
@@ -696,93 +721,143 @@ fn screen_group<'a>(
     Ok(screens)
 }
 
-/// What the LP relaxation without the payer and cheap choices without it tell of the others'
-/// optimum.
+/// What the screening tells of the others' optimum without the payer.
 enum Screened {
     /// The optimum's worth, proved by the LP.
     Exact(f64),
-    /// Bounds on it, and each column's reach (see [`Screening::reach`]).
+    /// Bounds on it that decide the GPUs the payer keeps.
+    Decided(Bracket),
+    /// Bounds on it that leave the GPUs kept open, and each column's reach (see
+    /// [`Screening::reach`]).
     Bracketed(Bracket, Vec<Vec<f64>>),
 }
 
-/// Screens the payment of the member at `payer` (already excluded from `relaxation`): the LP
-/// bounds the others' optimum above, x* minus the payer (improved by local moves, [`improve`])
-/// below. When these bounds leave the GPUs the payer keeps open, the LP optimum rounded (and
-/// improved) is tried next; only when that leaves them open too, and the relaxation may dive
-/// ([`Relaxation::may_dive`]), does a dive from the LP optimum look for a better lower bound: a
-/// dive is a chain of LP re-solves, most of a payment's time.
-fn screen_payment(
-    context: &Context,
-    relaxation: &mut Relaxation,
-    members: &[usize],
-    payer: usize,
-    pf_without_payer: &[Option<usize>],
+/// One payment under screening: the payer at `position` of its group's component, whose
+/// others serve exactly `starving_served` starving members.
+struct PayerScreen<'c, 'a, 'i> {
+    context: &'c Context<'a, 'i>,
+    members: &'c [usize],
+    position: usize,
     starving_served: usize,
     rounding: Rounding,
-) -> Result<Screened, AuctionError> {
-    let worth = |choice: &[Option<usize>]| {
+}
+
+impl PayerScreen<'_, '_, '_> {
+    /// The welfare of a choice in member order.
+    fn worth(&self, choice: &[Option<usize>]) -> f64 {
         welfare(
-            context.instance,
-            members.iter().copied().zip(choice.iter().copied()),
+            self.context.instance,
+            self.members.iter().copied().zip(choice.iter().copied()),
         )
-    };
-    let screened = relaxation.solve_integral("payment", Some(pf_without_payer))?;
-    if let Some(choice) = screened.choice {
-        return Ok(Screened::Exact(worth(&choice)));
     }
-    let with_payer = worth(pf_without_payer);
-    let relaxed = screened.bound + OBJECTIVE_TOLERANCE * screened.bound.abs().max(1.0);
-    let gain = |member, option| context.instance.gain(member, option);
-    let improved =
-        |start: Vec<Option<usize>>| worth(&improve(context, members, start, Some(payer), gain));
-    // Single moves first: they settle many payments, and ejections cost about ten times as
-    // much (a millisecond a pass at 4096 GPUs), so they run only where the bracket needs them.
-    let mut polished = LocalSearch::new(
-        context,
-        members,
-        pf_without_payer.to_vec(),
-        Some(payer),
-        gain,
-    );
-    while polished.single_moves() {}
-    let mut optimum = Bracket {
-        with_payer,
-        lower: worth(&polished.choice).max(with_payer),
-        upper: relaxed,
-        relaxed,
-    };
-    if !optimum.decides(rounding) {
-        polished.settle();
-        optimum.lower = optimum.lower.max(worth(&polished.choice));
-    }
-    if !optimum.decides(rounding) {
-        let rounded = relaxation.formulation.rounded(
+
+    /// Brackets the others' optimum without the payer, cheapest bounds first: x* without the
+    /// payer improved by local moves below, the PF choice's duals ([`DualBound`]) above. Only
+    /// when these leave the GPUs the payer keeps open is the LP relaxation without the payer
+    /// re-solved (on the group's model, created at the first such payment), and then the LP
+    /// optimum rounded and, where the relaxation may dive ([`Relaxation::may_dive`]), a dive
+    /// look for a better lower bound: a dive is a chain of LP re-solves, most of a payment's
+    /// time.
+    fn screen(
+        &self,
+        group: &PayerGroup,
+        relaxation: &mut Option<Relaxation>,
+        pf_without_payer: Vec<Option<usize>>,
+    ) -> Result<Screened, AuctionError> {
+        let context = self.context;
+        let gain = |member, option| context.instance.gain(member, option);
+        let with_payer = self.worth(&pf_without_payer);
+        // Single moves first: they settle many payments, and ejections cost about ten times
+        // as much (a millisecond a pass at 4096 GPUs), so they run only where needed.
+        let mut polished = LocalSearch::new(
             context,
-            members,
-            &screened.values,
-            Some(starving_served),
+            self.members,
+            pf_without_payer,
+            Some(self.position),
+            gain,
         );
-        if let Some(rounded) = rounded {
-            optimum.lower = optimum.lower.max(improved(rounded));
+        while polished.single_moves() {}
+        let upper = group.dual.without(self.position, self.starving_served);
+        let mut optimum = Bracket {
+            with_payer,
+            lower: self.worth(&polished.choice).max(with_payer),
+            upper,
+            relaxed: upper,
+        };
+        if !optimum.decides(self.rounding) {
+            polished.settle();
+            optimum.lower = optimum.lower.max(self.worth(&polished.choice));
         }
+        if optimum.decides(self.rounding) {
+            return Ok(Screened::Decided(optimum));
+        }
+        let relaxation = relaxation.get_or_insert_with(|| {
+            let mut relaxation =
+                Relaxation::new(context, self.members, gain, Some(self.starving_served));
+            relaxation.dives = group.programs_allowed;
+            relaxation
+        });
+        relaxation.exclude(self.position, self.starving_served);
+        let screened = self.screen_by_relaxation(relaxation, &polished.choice, optimum);
+        relaxation.restore(self.position);
+        screened
     }
-    if !optimum.decides(rounding) && relaxation.may_dive() {
-        // Each step's LP optimum, rounded and improved, is a choice too, at times better than
-        // the dive's end; once one decides the payment, the rest of the dive is not needed.
-        let mut lower = optimum.lower;
-        let dived = relaxation.dive("payment", |formulation, values| {
-            let rounded = formulation.rounded(context, members, values, Some(starving_served));
+
+    /// The rest of [`Self::screen`], on the relaxation without the payer: `polished` is the
+    /// best choice known and `optimum` the bracket so far.
+    fn screen_by_relaxation(
+        &self,
+        relaxation: &mut Relaxation,
+        polished: &[Option<usize>],
+        mut optimum: Bracket,
+    ) -> Result<Screened, AuctionError> {
+        let (context, members) = (self.context, self.members);
+        let screened = relaxation.solve_integral("payment", Some(polished))?;
+        if let Some(choice) = screened.choice {
+            return Ok(Screened::Exact(self.worth(&choice)));
+        }
+        let relaxed = screened.bound + OBJECTIVE_TOLERANCE * screened.bound.abs().max(1.0);
+        optimum.upper = optimum.upper.min(relaxed);
+        optimum.relaxed = relaxed;
+        let gain = |member, option| context.instance.gain(member, option);
+        let improved = |start: Vec<Option<usize>>| {
+            self.worth(&improve(context, members, start, Some(self.position), gain))
+        };
+        let starving_served = Some(self.starving_served);
+        if !optimum.decides(self.rounding) {
+            let rounded = (relaxation.formulation).rounded(
+                context,
+                members,
+                &screened.values,
+                starving_served,
+            );
             if let Some(rounded) = rounded {
-                lower = lower.max(improved(rounded));
+                optimum.lower = optimum.lower.max(improved(rounded));
             }
-            Bracket { lower, ..optimum }.decides(rounding)
-        })?;
-        optimum.lower = lower;
-        if let Some(dived) = dived {
-            optimum.lower = optimum.lower.max(improved(dived));
         }
+        if !optimum.decides(self.rounding) && relaxation.may_dive() {
+            // Each step's LP optimum, rounded and improved, is a choice too, at times better
+            // than the dive's end; once one decides the payment, the rest of the dive is not
+            // needed.
+            let mut lower = optimum.lower;
+            let dived = relaxation.dive("payment", |formulation, values| {
+                let rounded = formulation.rounded(context, members, values, starving_served);
+                if let Some(rounded) = rounded {
+                    lower = lower.max(improved(rounded));
+                }
+                Bracket { lower, ..optimum }.decides(self.rounding)
+            })?;
+            optimum.lower = lower;
+            if let Some(dived) = dived {
+                optimum.lower = optimum.lower.max(improved(dived));
+            }
+        }
+        Ok(if optimum.decides(self.rounding) {
+            Screened::Decided(optimum)
+        } else {
+            Screened::Bracketed(optimum, screened.reach)
+        })
     }
-    Ok(Screened::Bracketed(optimum, screened.reach))
 }
 
 /// What is known of the others' optimum without the payer (the PF objective over the payer's
@@ -793,8 +868,8 @@ struct Bracket {
     with_payer: f64,
     lower: f64,
     upper: f64,
-    /// The LP relaxation's optimum without the payer: the first `upper`, kept for the
-    /// fallback.
+    /// The LP relaxation's optimum without the payer, kept for the fallback (until that LP is
+    /// re-solved, the duals' bound: a bracket that decides before it needs no fallback).
     relaxed: f64,
 }
 
@@ -1194,6 +1269,12 @@ struct Formulation {
     /// The columns of each member position.
     columns_of: Vec<Range<usize>>,
     starving_slack: Option<Col>,
+    /// The row of each member position with more than one column (one column is bounded by
+    /// its own upper bound), of each contested class, and the count's: what a dual solution
+    /// is read against ([`Formulation::dual_bound`]).
+    member_rows: Vec<Option<usize>>,
+    class_rows: Vec<Option<usize>>,
+    count_row: Option<usize>,
 }
 
 impl Formulation {
@@ -1242,20 +1323,30 @@ impl Formulation {
             columns_of.push(first..columns.len());
             per_member.push(row);
         }
-        for row in per_member.iter().filter(|row| row.len() > 1) {
+        let mut rows = 0..;
+        let mut member_rows = vec![None; per_member.len()];
+        for (position, row) in per_member
+            .iter()
+            .enumerate()
+            .filter(|(_, row)| row.len() > 1)
+        {
             problem.add_row(..=1.0, row);
+            member_rows[position] = rows.next();
         }
+        let mut class_rows = vec![None; per_class.len()];
         for (class, row) in per_class
             .iter()
             .enumerate()
             .filter(|(class, row)| context.contested[*class] && !row.is_empty())
         {
             problem.add_row(..=f64::from(instance.capacity[class]), row);
+            class_rows[class] = rows.next();
         }
         // A relaxation changes the count through a slack column's bounds; a binary program
         // keeps the count in the row's bounds, since a continuous column was measured to make
         // HiGHS's branch and bound several times slower.
         let mut starving_slack = None;
+        let mut count_row = None;
         if let Some(served) = starving_served.filter(|_| !starving.is_empty()) {
             let served = served as f64;
             if integer {
@@ -1266,6 +1357,7 @@ impl Formulation {
                 problem.add_row(0.0..=0.0, &starving);
                 starving_slack = Some(slack);
             }
+            count_row = rows.next();
         }
         Self {
             problem,
@@ -1274,6 +1366,38 @@ impl Formulation {
             costs,
             columns_of,
             starving_slack,
+            member_rows,
+            class_rows,
+            count_row,
+        }
+    }
+
+    /// Bounds, from the row duals of one LP optimum over every member, on the LP optimum of the
+    /// same program without each member (see [`DualBound`]).
+    fn dual_bound(&self, context: &Context, members: &[usize], row_duals: &[f64]) -> DualBound {
+        let instance = context.instance;
+        // A packing row's activity is never negative, so a dual of either sign bounds its term
+        // by max(0, dual) times its capacity; clamping here, and pricing the columns with the
+        // clamped duals below, keeps the bound valid whatever the solver's rounding.
+        let packing = |row: Option<usize>| row.map_or(0.0, |row| row_duals[row].max(0.0));
+        let count = self.count_row.map_or(0.0, |row| row_duals[row]);
+        let mut member_terms: Vec<f64> = (self.member_rows.iter().copied()).map(packing).collect();
+        for (&(position, option), &cost) in self.columns.iter().zip(&self.costs) {
+            let bidder = &instance.bidders[members[position]];
+            let classes: f64 = (bidder.options[option].counts.iter())
+                .map(|&(class, used)| packing(self.class_rows[class]) * f64::from(used))
+                .sum();
+            let starving = if bidder.is_starving() { count } else { 0.0 };
+            let reduced = cost - packing(self.member_rows[position]) - classes - starving;
+            member_terms[position] += reduced.max(0.0);
+        }
+        let capacities: f64 = (self.class_rows.iter().enumerate())
+            .map(|(class, &row)| packing(row) * f64::from(instance.capacity[class]))
+            .sum();
+        DualBound {
+            with_everyone: capacities + member_terms.iter().sum::<f64>(),
+            member_terms,
+            count,
         }
     }
 
@@ -1425,6 +1549,35 @@ struct Screening {
     reach: Vec<Vec<f64>>,
     /// The LP optimum's column values.
     values: Vec<f64>,
+    /// The LP optimum's row duals, in the formulation's row order.
+    row_duals: Vec<f64>,
+}
+
+/// Upper bounds on the LP relaxation of a component's welfare program without each member, from
+/// one dual solution of the program with every member, with no LP re-solve. By weak duality,
+/// any nonnegative duals of the packing rows (and any dual of the count row), with each column
+/// priced by them, bound every choice that leaves a member out by the dual objective less that
+/// member's terms. Read off the PF choice's own LP, it lets the screening settle a payment
+/// before re-solving anything: in the 256-GPU rounds it decides about two payments in three
+/// (BENCHMARKS.md).
+#[derive(Debug, Clone)]
+pub(super) struct DualBound {
+    /// The dual objective with every member, less the count row's term.
+    with_everyone: f64,
+    /// By member position: its row's dual and its columns' positive reduced costs.
+    member_terms: Vec<f64>,
+    /// The count row's dual: its term is this times the starving members served.
+    count: f64,
+}
+
+impl DualBound {
+    /// An upper bound, to the programs' tolerance, on the LP optimum without the member at
+    /// `position` that serves exactly `starving_served` starving members.
+    fn without(&self, position: usize, starving_served: usize) -> f64 {
+        let bound =
+            self.with_everyone - self.member_terms[position] + self.count * starving_served as f64;
+        bound + OBJECTIVE_TOLERANCE * bound.abs().max(1.0)
+    }
 }
 
 /// The LP relaxation of a component's program, kept between solves: a payment excludes the
@@ -1487,12 +1640,14 @@ impl Relaxation {
             });
         let reach = self.formulation.reach(&solution, bound);
         let values = solution.columns().to_vec();
+        let row_duals = solution.dual_rows().to_vec();
         self.model = Some(Model::from(solved));
         Ok(Screening {
             choice,
             bound,
             reach,
             values,
+            row_duals,
         })
     }
 
@@ -1973,5 +2128,78 @@ mod tests {
             "the fractional optimum, then the integral one"
         );
         assert!(seen[0].iter().all(|&x| (x - 0.5).abs() < 1e-9));
+    }
+
+    /// The duals' bound, read off the LP with every member, is that LP's optimum with every
+    /// member, and never below the LP re-solved without a member (whatever the starving count
+    /// then served), on random small instances with starving and holding bidders.
+    #[test]
+    fn the_duals_bound_every_lp_without_a_member() {
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(16);
+        let gpus: Vec<GpuId> = (0..6)
+            .map(|n| GpuId::from(format!("g{n}").as_str()))
+            .collect();
+        let offer = Offer::without_topology(gpus.clone());
+        let mut checked = 0;
+        for round in 0..60 {
+            let bids: Vec<AppBid> = (0..rng.random_range(2..6))
+                .map(|n| AppBid {
+                    app: AppId::from(format!("app{round}-{n}").as_str()),
+                    rho_old: rng
+                        .random_bool(0.5)
+                        .then(|| Rho::new(rng.random_range(1.0..4.0)).expect("valid")),
+                    bids: (0..rng.random_range(1..5))
+                        .map(|_| {
+                            let mut bundle: Vec<GpuId> = (0..rng.random_range(1..4))
+                                .map(|_| gpus[rng.random_range(0..gpus.len())].clone())
+                                .collect();
+                            bundle.sort();
+                            bundle.dedup();
+                            BidEntry {
+                                gpus: bundle,
+                                rho: Rho::new(rng.random_range(0.2..2.0)).expect("valid"),
+                            }
+                        })
+                        .collect(),
+                })
+                .collect();
+            let instance = Instance::build(&offer, &bids).expect("valid");
+            let contested = contested_classes(&instance);
+            let context = Context {
+                instance: &instance,
+                contested: &contested,
+            };
+            let members: Vec<usize> = (0..instance.bidders.len()).collect();
+            let starving = |m: usize| instance.bidders[m].is_starving();
+            let served = usize::from(members.iter().any(|&m| starving(m)));
+            let gain = |member, option| instance.gain(member, option);
+            let mut relaxation = Relaxation::new(&context, &members, gain, Some(served));
+            let everyone = relaxation.solve_integral("test", None).expect("solved");
+            let formulation = &relaxation.formulation;
+            let dual = formulation.dual_bound(&context, &members, &everyone.row_duals);
+            let strong = dual.with_everyone + dual.count * served as f64;
+            assert!(
+                (strong - everyone.bound).abs() < 1e-7,
+                "{strong} vs {}",
+                everyone.bound
+            );
+            for position in 0..members.len() {
+                // Serving one starving member needs another starving one to serve.
+                let others_starve = members.iter().any(|&m| m != position && starving(m));
+                for served in 0..=usize::from(others_starve).min(served) {
+                    relaxation.exclude(position, served);
+                    let without = relaxation.solve_integral("test", None).expect("solved");
+                    let bound = dual.without(position, served);
+                    assert!(bound >= without.bound, "{bound} < {}", without.bound);
+                    relaxation.restore(position);
+                    checked += 1;
+                }
+            }
+        }
+        assert!(
+            checked > 200,
+            "only {checked} LPs without a member were compared"
+        );
     }
 }
