@@ -686,14 +686,21 @@ fn screen_group<'a>(
             .map(|&m| if m == payer { None } else { options[m] })
             .collect();
         let rounding = roundings[payer].expect("a payer won a bundle");
+        let with_payer = welfare(
+            instance,
+            members
+                .iter()
+                .copied()
+                .zip(pf_without_payer.iter().copied()),
+        );
         let payment = PayerScreen {
             context,
             members,
             position,
             starving_served,
+            with_payer,
             rounding,
         };
-        let with_payer = payment.worth(&pf_without_payer);
         let screened = payment.screen(group, &mut relaxation, pf_without_payer)?;
         screens.push(match screened {
             Screened::Exact(without_payer) => {
@@ -733,12 +740,13 @@ enum Screened {
 }
 
 /// One payment under screening: the payer at `position` of its group's component, whose
-/// others serve exactly `starving_served` starving members.
+/// others serve exactly `starving_served` starving members and are worth `with_payer` in x*.
 struct PayerScreen<'c, 'a, 'i> {
     context: &'c Context<'a, 'i>,
     members: &'c [usize],
     position: usize,
     starving_served: usize,
+    with_payer: f64,
     rounding: Rounding,
 }
 
@@ -766,7 +774,6 @@ impl PayerScreen<'_, '_, '_> {
     ) -> Result<Screened, AuctionError> {
         let context = self.context;
         let gain = |member, option| context.instance.gain(member, option);
-        let with_payer = self.worth(&pf_without_payer);
         // Single moves first: they settle many payments, and ejections cost about ten times
         // as much (a millisecond a pass at 4096 GPUs), so they run only where needed.
         let mut polished = LocalSearch::new(
@@ -779,8 +786,8 @@ impl PayerScreen<'_, '_, '_> {
         while polished.single_moves() {}
         let upper = group.dual.without(self.position, self.starving_served);
         let mut optimum = Bracket {
-            with_payer,
-            lower: self.worth(&polished.choice).max(with_payer),
+            with_payer: self.with_payer,
+            lower: self.worth(&polished.choice).max(self.with_payer),
             upper,
             relaxed: upper,
         };
