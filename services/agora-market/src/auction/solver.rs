@@ -686,13 +686,7 @@ fn screen_group<'a>(
             .map(|&m| if m == payer { None } else { options[m] })
             .collect();
         let rounding = roundings[payer].expect("a payer won a bundle");
-        let with_payer = welfare(
-            instance,
-            members
-                .iter()
-                .copied()
-                .zip(pf_without_payer.iter().copied()),
-        );
+        let with_payer = worth_in_member_order(instance, members, &pf_without_payer);
         let payment = PayerScreen {
             context,
             members,
@@ -753,10 +747,7 @@ struct PayerScreen<'c, 'a, 'i> {
 impl PayerScreen<'_, '_, '_> {
     /// The welfare of a choice in member order.
     fn worth(&self, choice: &[Option<usize>]) -> f64 {
-        welfare(
-            self.context.instance,
-            self.members.iter().copied().zip(choice.iter().copied()),
-        )
+        worth_in_member_order(self.context.instance, self.members, choice)
     }
 
     /// Brackets the others' optimum without the payer, cheapest bounds first: x* without the
@@ -1238,6 +1229,14 @@ fn uses_contested_class(context: &Context, payer: usize, options: &Choice) -> bo
             .iter()
             .any(|&(class, _)| context.contested[class])
     })
+}
+
+/// The welfare of `choice`, one option (or none) per member of `members`, in their order.
+fn worth_in_member_order(instance: &Instance, members: &[usize], choice: &[Option<usize>]) -> f64 {
+    welfare(
+        instance,
+        members.iter().copied().zip(choice.iter().copied()),
+    )
 }
 
 /// Sum of the gains of a choice.
