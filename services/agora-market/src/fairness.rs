@@ -132,12 +132,17 @@ pub fn plan_time(
         .into_iter()
         .max()
         .unwrap_or(0);
-        let (resized, used) = phase_time(jobs, pool, speeds, restart_pause_seconds);
+        let phase = Phase {
+            jobs,
+            work: &work,
+            demands: &demands,
+        };
+        let (resized, used) = phase_time(&phase, pool, speeds, restart_pause_seconds);
         // Jobs that resize restart anyway, so they may move: to better-placed GPUs elsewhere
         // when the earlier phases' footprint places them worse.
         let mut pool_len = pool.len();
         let (resized, used) = if pool_len < ordered.len() && width.is_some_and(|w| w != share) {
-            let (moved, moved_used) = phase_time(jobs, &ordered, speeds, restart_pause_seconds);
+            let (moved, moved_used) = phase_time(&phase, &ordered, speeds, restart_pause_seconds);
             if moved < resized {
                 pool_len = ordered.len();
                 (moved, moved_used)
@@ -149,8 +154,13 @@ pub fn plan_time(
         };
         let (time, used) = match width {
             Some(previous) if share > previous => {
+                let capped = capped(&demands, previous);
+                let kept_phase = Phase {
+                    demands: &capped,
+                    ..phase
+                };
                 let (kept, kept_used) =
-                    phase_time(&capped(jobs, previous), pool, speeds, restart_pause_seconds);
+                    phase_time(&kept_phase, pool, speeds, restart_pause_seconds);
                 if kept - resized > restart_pause_seconds {
                     width = Some(share);
                     (resized + restart_pause_seconds, used)
@@ -176,15 +186,19 @@ pub fn plan_time(
     total
 }
 
-/// `jobs` limited to `width` GPUs each.
-fn capped(jobs: &[JobInfo], width: usize) -> Vec<JobInfo> {
+/// The jobs of one phase, with each job's work and GPU demand computed once for every estimate
+/// of the phase.
+#[derive(Clone, Copy)]
+struct Phase<'a> {
+    jobs: &'a [JobInfo],
+    work: &'a [f64],
+    demands: &'a [u32],
+}
+
+/// `demands` limited to `width` GPUs each.
+fn capped(demands: &[u32], width: usize) -> Vec<u32> {
     let width = u32::try_from(width).unwrap_or(u32::MAX).max(1);
-    jobs.iter()
-        .map(|job| JobInfo {
-            max_gpus: job.max_gpus.min(width),
-            ..*job
-        })
-        .collect()
+    demands.iter().map(|&demand| demand.min(width)).collect()
 }
 
 fn job_work(jobs: &[JobInfo]) -> Vec<f64> {
@@ -231,17 +245,18 @@ pub fn job_widths(work: &[f64], max_gpus: &[u32], gpu_count: usize) -> Vec<usize
     widths
 }
 
-/// Time for `jobs` to all finish on `gpus`, and the GPUs they use: on the GPUs of every speed
-/// down to [`slowest_useful_speed`] (all of them when the app has one speed on them all).
+/// Time for the phase's jobs to all finish on `gpus`, and the GPUs they use: on the GPUs of
+/// every speed down to [`slowest_useful_speed`] (all of them when the app has one speed on them
+/// all).
 fn phase_time(
-    jobs: &[JobInfo],
+    phase: &Phase,
     gpus: &[GpuLocation],
     speeds: &GpuSpeeds,
     restart_pause_seconds: f64,
 ) -> (f64, Vec<GpuLocation>) {
-    let floor = slowest_useful_speed(jobs, gpus, speeds, restart_pause_seconds);
+    let floor = useful_floor(phase, gpus, speeds, restart_pause_seconds);
     let useful = at_least(gpus, speeds, floor);
-    phase_time_on(jobs, &useful, speeds, restart_pause_seconds)
+    phase_time_on(phase, &useful, speeds, restart_pause_seconds)
 }
 
 /// The slowest GPU speed worth using for `jobs` on `gpus`: the app's scheduler leaves a slower
@@ -253,6 +268,22 @@ fn phase_time(
 /// (nothing left out, nothing recomputed).
 pub fn slowest_useful_speed(
     jobs: &[JobInfo],
+    gpus: &[GpuLocation],
+    speeds: &GpuSpeeds,
+    restart_pause_seconds: f64,
+) -> f64 {
+    let (work, demands) = (job_work(jobs), job_demands(jobs));
+    let phase = Phase {
+        jobs,
+        work: &work,
+        demands: &demands,
+    };
+    useful_floor(&phase, gpus, speeds, restart_pause_seconds)
+}
+
+/// [`slowest_useful_speed`] of a phase whose work and demands are already computed.
+fn useful_floor(
+    phase: &Phase,
     gpus: &[GpuLocation],
     speeds: &GpuSpeeds,
     restart_pause_seconds: f64,
@@ -269,11 +300,11 @@ pub fn slowest_useful_speed(
     let mut best = (f64::INFINITY, slowest);
     for floor in floors {
         let useful = at_least(gpus, speeds, floor);
-        let leaves_jobs_waiting = floor > slowest && useful.len() < jobs.len();
+        let leaves_jobs_waiting = floor > slowest && useful.len() < phase.jobs.len();
         if leaves_jobs_waiting {
             continue;
         }
-        let time = phase_time_on(jobs, &useful, speeds, restart_pause_seconds).0;
+        let time = phase_time_on(phase, &useful, speeds, restart_pause_seconds).0;
         if time < best.0 {
             best = (time, floor);
         }
@@ -293,17 +324,22 @@ fn at_least<'g>(gpus: &'g [GpuLocation], speeds: &GpuSpeeds, floor: f64) -> Cow<
         .collect()
 }
 
-/// Time for `jobs` to all finish on `ordered` (GPUs in topology order; the phase ends when its
-/// slowest job does), with the GPUs shared as [`job_widths`] does, and the GPUs the jobs use.
-/// With fewer GPUs than jobs the waiting jobs queue for the GPUs: longest job first onto the
-/// least-loaded GPU, as the §4.3.3 example schedules them. A job runs at the speed of the
-/// slowest GPU of its share, and pauses `restart_pause_seconds` at each speed change ahead.
+/// Time for the phase's jobs to all finish on `ordered` (GPUs in topology order; the phase ends
+/// when its slowest job does), with the GPUs shared as [`job_widths`] does, and the GPUs the
+/// jobs use (in no particular order). With fewer GPUs than jobs the waiting jobs queue for the GPUs: longest job first
+/// onto the least-loaded GPU, as the §4.3.3 example schedules them. A job runs at the speed of
+/// the slowest GPU of its share, and pauses `restart_pause_seconds` at each speed change ahead.
 fn phase_time_on(
-    jobs: &[JobInfo],
+    phase: &Phase,
     ordered: &[GpuLocation],
     speeds: &GpuSpeeds,
     restart_pause_seconds: f64,
 ) -> (f64, Vec<GpuLocation>) {
+    let Phase {
+        jobs,
+        work,
+        demands,
+    } = *phase;
     let pauses = |job: &JobInfo| f64::from(job.speed_changes_ahead) * restart_pause_seconds;
     if jobs.is_empty() {
         return (0.0, Vec::new());
@@ -311,7 +347,6 @@ fn phase_time_on(
     if ordered.is_empty() {
         return (f64::INFINITY, Vec::new());
     }
-    let work = job_work(jobs);
     if ordered.len() < jobs.len() {
         let mut by_work: Vec<usize> = (0..jobs.len()).collect();
         by_work.sort_by(|&a, &b| work[b].total_cmp(&work[a]));
@@ -328,27 +363,23 @@ fn phase_time_on(
         }
         return (load.into_iter().fold(0.0, f64::max), ordered.to_vec());
     }
-    let widths = job_widths(&work, &job_demands(jobs), ordered.len());
-    let placed = place_widths(&widths, &work, ordered, speeds);
-    let time = placed
-        .iter()
-        .zip(jobs.iter().zip(&work))
-        .filter(|(share, _)| !share.is_empty())
-        .map(|(share, (job, &work))| {
-            let used = share.len() as f64;
-            let locality = Locality::of(share.iter().map(|&item| ordered[item]));
-            let speed = speeds.slowest(share.iter().map(|&item| ordered[item]));
-            work * job.slowdown.at(locality) / used / speed + pauses(job)
-        })
-        .fold(0.0, f64::max);
-    (
-        time,
-        placed
-            .into_iter()
-            .flatten()
-            .map(|item| ordered[item])
-            .collect(),
-    )
+    let widths = job_widths(work, demands, ordered.len());
+    // Each job's time is read off its share as it is placed, so no share is kept; the phase's
+    // time is their maximum, whatever order the jobs are placed in.
+    let mut time = 0.0_f64;
+    let mut used = Vec::with_capacity(widths.iter().sum());
+    place_each(&widths, work, ordered, speeds, |job, share| {
+        if share.is_empty() {
+            return;
+        }
+        let gpus = || share.iter().map(|&item| ordered[item]);
+        let (locality, speed) = (Locality::of(gpus()), speeds.slowest(gpus()));
+        let job_time = work[job] * jobs[job].slowdown.at(locality) / share.len() as f64 / speed
+            + pauses(&jobs[job]);
+        time = time.max(job_time);
+        used.extend(gpus());
+    });
+    (time, used)
 }
 
 /// How an app's scheduler places jobs of the given widths and remaining work on a pool of
@@ -363,36 +394,66 @@ pub fn place_widths(
     pool: &[GpuLocation],
     speeds: &GpuSpeeds,
 ) -> Vec<Vec<usize>> {
-    let per_gpu = |job: usize| work[job] / widths[job].max(1) as f64;
-    let mut critical_first: Vec<usize> = (0..widths.len()).collect();
-    critical_first.sort_by(|&a, &b| {
-        per_gpu(b)
-            .total_cmp(&per_gpu(a))
-            .then(widths[b].cmp(&widths[a]))
-            .then(a.cmp(&b))
+    let mut placed = vec![Vec::new(); widths.len()];
+    place_each(widths, work, pool, speeds, |job, share| {
+        placed[job] = share.to_vec()
     });
+    placed
+}
+
+/// [`place_widths`], handing each job's share to `visit` as it is placed (in placement order)
+/// instead of collecting them: the agents' estimates need only each share's time.
+fn place_each(
+    widths: &[usize],
+    work: &[f64],
+    pool: &[GpuLocation],
+    speeds: &GpuSpeeds,
+    mut visit: impl FnMut(usize, &[usize]),
+) {
+    let per_gpu = |job: usize| work[job] / widths[job].max(1) as f64;
     PLACEMENT_BUFFERS.with_borrow_mut(|buffers| {
-        let mut free = FreeGpus::new(pool, speeds, buffers);
-        let mut placed = vec![Vec::new(); widths.len()];
-        for job in critical_first {
-            placed[job] = free.take_best_fit(widths[job]);
+        let PlacementBuffers {
+            critical_first,
+            share,
+            free,
+        } = buffers;
+        critical_first.clear();
+        critical_first.extend(0..widths.len());
+        critical_first.sort_by(|&a, &b| {
+            per_gpu(b)
+                .total_cmp(&per_gpu(a))
+                .then(widths[b].cmp(&widths[a]))
+                .then(a.cmp(&b))
+        });
+        let mut free = FreeGpus::new(pool, speeds, free);
+        for &job in critical_first.iter() {
+            free.take_best_fit(widths[job], share);
+            visit(job, share);
         }
-        placed
-    })
+    });
 }
 
 thread_local! {
     /// Best-fit placement's buffers, kept from one placement to the next on each thread:
     /// agents place an app's jobs for every bundle they price (thousands a round), and
     /// allocation was a third of a bid's time, these buffers its largest part. Nothing is
-    /// carried over but capacity: [`FreeGpus::new`] clears them.
+    /// carried over but capacity: each placement clears them.
     static PLACEMENT_BUFFERS: RefCell<PlacementBuffers> = RefCell::default();
+}
+
+/// The buffers of one placement: the order the jobs are placed in, the share being placed and
+/// the free GPUs.
+#[derive(Default)]
+struct PlacementBuffers {
+    critical_first: Vec<usize>,
+    share: Vec<usize>,
+    free: FreeBuffers,
 }
 
 /// What best-fit placement builds over a pool: which positions are taken, and each topology
 /// level's grouping of them.
 #[derive(Default)]
-struct PlacementBuffers {
+struct FreeBuffers {
     taken: Vec<bool>,
     levels: [Level; 3],
 }
@@ -484,11 +545,7 @@ impl Level {
 }
 
 impl<'a> FreeGpus<'a> {
-    fn new(
-        pool: &'a [GpuLocation],
-        speeds: &'a GpuSpeeds,
-        buffers: &'a mut PlacementBuffers,
-    ) -> Self {
+    fn new(pool: &'a [GpuLocation], speeds: &'a GpuSpeeds, buffers: &'a mut FreeBuffers) -> Self {
         buffers.taken.clear();
         buffers.taken.resize(pool.len(), false);
         for level in &mut buffers.levels {
@@ -504,11 +561,12 @@ impl<'a> FreeGpus<'a> {
 
     /// Takes `count` free GPUs from the smallest slot, else machine, else rack that has them
     /// (the fastest first, then ties to the lowest number), else the first free ones; fewer if
-    /// fewer are free. Agents call this for every bundle they price, so the search reads free
-    /// counts kept up to date and allocates only the answer.
-    fn take_best_fit(&mut self, count: usize) -> Vec<usize> {
+    /// fewer are free; `chosen` is set to their positions. Agents call this for every bundle
+    /// they price, so the search reads free counts kept up to date and allocates nothing.
+    fn take_best_fit(&mut self, count: usize, chosen: &mut Vec<usize>) {
+        chosen.clear();
         if count == 0 {
-            return Vec::new();
+            return;
         }
         let taken = &*self.taken;
         let (pool, speeds) = (self.pool, self.speeds);
@@ -536,20 +594,20 @@ impl<'a> FreeGpus<'a> {
                 break;
             }
         }
-        let chosen: Vec<usize> = match fitting {
-            Some(positions) => free_positions(positions, taken).take(count).collect(),
-            None => (0..pool.len())
-                .filter(|&position| !taken[position])
-                .take(count)
-                .collect(),
-        };
-        for &position in &chosen {
+        match fitting {
+            Some(positions) => chosen.extend(free_positions(positions, taken).take(count)),
+            None => chosen.extend(
+                (0..pool.len())
+                    .filter(|&position| !taken[position])
+                    .take(count),
+            ),
+        }
+        for &position in chosen.iter() {
             self.taken[position] = true;
             for level in self.levels.iter_mut() {
                 level.take(position);
             }
         }
-        chosen
     }
 }
 
