@@ -18,6 +18,7 @@ pub mod division;
 pub mod error;
 pub mod fairness;
 pub mod gpu_models;
+mod highs_run;
 pub mod hosts;
 pub mod lease;
 pub mod leftover;

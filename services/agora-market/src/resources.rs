@@ -574,7 +574,7 @@ fn solve_split(
     model.set_option("primal_feasibility_tolerance", 1e-9);
     model.set_option("mip_feasibility_tolerance", 1e-9);
     model.set_option("mip_rel_gap", 0.0);
-    let solved = model.try_solve().ok()?;
+    let solved = crate::highs_run::try_solve(model).ok()?;
     if solved.status() != HighsModelStatus::Optimal {
         return None;
     }

@@ -1914,7 +1914,7 @@ enum Solved {
 }
 
 fn solve_status(model: Model, program: &'static str) -> Result<highs::SolvedModel, AuctionError> {
-    model.try_solve().map_err(|status| AuctionError::Solver {
+    crate::highs_run::try_solve(model).map_err(|status| AuctionError::Solver {
         program,
         detail: format!("{status:?}"),
     })

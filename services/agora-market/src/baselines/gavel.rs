@@ -383,8 +383,7 @@ impl<'a> FeasibilityProgram<'a> {
         for (&column, &bound) in self.effective.iter().zip(&lower) {
             model.change_column_bounds(column, bound..=1.0);
         }
-        let solved = model
-            .try_solve()
+        let solved = crate::highs_run::try_solve(model)
             .map_err(|status| SolverFailure(format!("HiGHS error {status:?} at t = {t}")))?;
         let answer = match solved.status() {
             HighsModelStatus::Optimal => {

@@ -68,7 +68,7 @@ fn equal_throughput_shares(view: &RoundView, types: &GpuTypes) -> Option<Vec<Vec
     let mut model = problem.try_optimise(Sense::Maximise).ok()?;
     model.make_quiet();
     model.set_threads(NonZeroU32::MIN);
-    let solved = model.try_solve().ok()?;
+    let solved = crate::highs_run::try_solve(model).ok()?;
     if solved.status() != HighsModelStatus::Optimal {
         return None;
     }

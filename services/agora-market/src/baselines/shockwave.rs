@@ -194,7 +194,7 @@ fn plan(apps: &[WindowApp], capacity: usize) -> Option<Vec<usize>> {
     model.set_threads(std::num::NonZeroU32::MIN);
     model.set_option("mip_max_nodes", NODE_BUDGET);
     model.set_option("mip_rel_gap", 1e-6);
-    let solved = model.try_solve().ok()?;
+    let solved = crate::highs_run::try_solve(model).ok()?;
     // Past its node budget HiGHS stops at a limit with its best solution so far.
     let usable = matches!(
         solved.status(),
