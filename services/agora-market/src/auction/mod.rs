@@ -16,6 +16,7 @@
 //! Starving bidders (no GPU held, rho_old infinite) are handled as described in
 //! `docs/mechanism.md`: they are served first, and a starving winner keeps at least one GPU.
 
+mod cuts;
 mod solver;
 
 pub use solver::{PaymentBudget, PaymentStats, PfBudget, PfStats, ShareBounds};

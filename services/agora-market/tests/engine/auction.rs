@@ -1745,18 +1745,24 @@ proptest! {
 
 #[test]
 fn a_payment_is_decided_only_as_far_as_its_rounding_needs_and_falls_back_past_its_budget() {
-    // Without p, a, b and c compete for g0..g2 in an odd cycle: the LP relaxation takes half
-    // of each (1.5 ln 2) where only one can win (ln 2), so c_p = 1/2 is bracketed by
-    // [2^-1.5, 1/2]: c_p * 3 in [1.06, 1.5]. p keeps 1 or 2 GPUs; the bracket decides which
-    // unless the round's draw falls between 0.06 and 0.5, when one program must. (The PF
-    // LP's duals may bound the LP without p less tightly, which widens the bracket recorded
-    // for the draws it settles before that LP is solved: 2 ln 2 here, c_p in [1/4, 1/2].)
-    let offer = plain_offer(&["g0", "g1", "g2"]);
+    // Without p, a, b, c and d compete as the corners of a tetrahedron: each pair shares one
+    // of six GPUs (its edge), so only one can win (ln 2). The LP relaxation takes half of each
+    // (2 ln 2); the zero-half cuts over its triangles bring it down to a third of each
+    // (4/3 ln 2), as far as the rounding needs, where no further zero-half cut exists. So
+    // c_p = 1/2 is bracketed by [2^-4/3, 1/2] at the tightest: c_p * 6 in [2.38, 3]. p keeps 2
+    // or 3 GPUs; the bracket decides which unless the round's draw is 0.38 or more, when one
+    // program must.
+    let offer = plain_offer(&["ab", "ac", "ad", "bc", "bd", "cd"]);
     let bids = [
-        bid("p", Some(100.0), &[(&["g0", "g1", "g2"], 1.0)]),
-        bid("a", Some(2.0), &[(&["g0", "g1"], 1.0)]),
-        bid("b", Some(2.0), &[(&["g1", "g2"], 1.0)]),
-        bid("c", Some(2.0), &[(&["g0", "g2"], 1.0)]),
+        bid(
+            "p",
+            Some(100.0),
+            &[(&["ab", "ac", "ad", "bc", "bd", "cd"], 1.0)],
+        ),
+        bid("a", Some(2.0), &[(&["ab", "ac", "ad"], 1.0)]),
+        bid("b", Some(2.0), &[(&["ab", "bc", "bd"], 1.0)]),
+        bid("c", Some(2.0), &[(&["ac", "bc", "cd"], 1.0)]),
+        bid("d", Some(2.0), &[(&["ad", "bd", "cd"], 1.0)]),
     ];
     let auction = Auction::new(&offer, &bids).expect("valid");
     let pf = auction.proportional_fair().expect("solved");
@@ -1774,7 +1780,7 @@ fn a_payment_is_decided_only_as_far_as_its_rounding_needs_and_falls_back_past_it
         let bounds = outcome.c_bounds[&app("p")];
         assert!(bounds.low <= 0.5 && bounds.low > 0.0, "{bounds:?}");
         let kept = outcome.allocation[&app("p")].len();
-        assert!(kept == 1 || kept == 2, "seed {seed}: p keeps {kept}");
+        assert!(kept == 2 || kept == 3, "seed {seed}: p keeps {kept}");
         let stats = payments.stats();
         assert_eq!((stats.payers, stats.fallbacks, stats.bounded), (1, 0, 1));
         let capped = auction
@@ -1784,14 +1790,19 @@ fn a_payment_is_decided_only_as_far_as_its_rounding_needs_and_falls_back_past_it
         if stats.programs == 0 {
             by_bracket += 1;
             assert_eq!(stats.certified, 1);
+            // Only the cuts decide here: the LP without them bounds c_p by 1/4 (c_p * 6 = 1.5),
+            // which leaves 1 or 2 GPUs possible.
+            assert!(bounds.low > 0.25 + 1e-6, "seed {seed}: {bounds:?}");
+            assert_eq!(kept, 3);
             assert_eq!(capped_outcome, outcome, "no program, so no budget needed");
         } else {
             by_program += 1;
             assert_eq!((stats.solved, stats.programs), (1, 1));
             // Past its budget the payment falls back to the LP counterfactual: c_p against the
-            // relaxation's 1.5 ln 2, 2^-1.5 (c_p * 3 = 1.06), below the exact 1/2; the outcome
-            // says so, and p never keeps more GPUs than with the exact share.
-            let lp_share = 0.5f64.powf(1.5);
+            // relaxation's 2 ln 2 (without the cuts, which were found with p's bid in the LP),
+            // 1/4 (c_p * 6 = 1.5), below the exact 1/2; the outcome says so, and p never keeps
+            // more GPUs than with the exact share.
+            let lp_share = 0.25;
             assert_close(
                 capped_outcome.c[&app("p")],
                 lp_share,
@@ -1808,8 +1819,8 @@ fn a_payment_is_decided_only_as_far_as_its_rounding_needs_and_falls_back_past_it
             assert_eq!(json["payment_fallbacks"], serde_json::json!(["p"]));
         }
     }
-    // About 44% of draws fall in (0.06, 0.5), where the exact share keeps 2 GPUs and the LP
-    // counterfactual's (c_p * 3 = 1.06) keeps 1 for all but draws below 0.06.
+    // About 62% of draws are 0.38 or more, where the exact share keeps 3 GPUs and the LP
+    // counterfactual's (c_p * 6 = 1.5) keeps 1 or 2.
     assert!(
         by_bracket >= 10 && by_program >= 10,
         "{by_bracket} by bracket, {by_program} by program"
