@@ -1711,13 +1711,7 @@ impl Relaxation {
     /// with the payer in them).
     fn bound_without_cuts(&mut self, program: &'static str) -> Result<f64, AuctionError> {
         self.switch_cuts(f64::INFINITY);
-        let model = self
-            .model
-            .take()
-            .expect("the model is back after every solve");
-        let solved = solved_optimal(model, program)?;
-        let bound = solved.objective_value();
-        self.model = Some(Model::from(solved));
+        let bound = self.solve(program, |_, solved| solved.objective_value())?;
         self.switch_cuts(0.0);
         Ok(bound)
     }
@@ -1738,33 +1732,42 @@ impl Relaxation {
         program: &'static str,
         known: Option<&[Option<usize>]>,
     ) -> Result<Screening, AuctionError> {
+        self.solve(program, |formulation, solved| {
+            let bound = solved.objective_value();
+            // `get_solution` copies every vector of the solution: once per solve.
+            let solution = solved.get_solution();
+            let choice = formulation
+                .integral_choice(solution.columns(), bound)
+                .or_else(|| {
+                    known
+                        .filter(|known| formulation.attains(known, bound))
+                        .map(<[Option<usize>]>::to_vec)
+                });
+            Screening {
+                choice,
+                bound,
+                reach: formulation.reach(&solution, bound),
+                values: solution.columns().to_vec(),
+                row_duals: solution.dual_rows().to_vec(),
+            }
+        })
+    }
+
+    /// Solves the relaxation to optimality and reads what `read` needs of the optimum; the
+    /// model stays, with its basis, for the next solve.
+    fn solve<T>(
+        &mut self,
+        program: &'static str,
+        read: impl FnOnce(&Formulation, &highs::SolvedModel) -> T,
+    ) -> Result<T, AuctionError> {
         let model = self
             .model
             .take()
             .expect("the model is back after every solve");
         let solved = solved_optimal(model, program)?;
-        let bound = solved.objective_value();
-        // `get_solution` copies every vector of the solution: once per solve.
-        let solution = solved.get_solution();
-        let choice = self
-            .formulation
-            .integral_choice(solution.columns(), bound)
-            .or_else(|| {
-                known
-                    .filter(|known| self.formulation.attains(known, bound))
-                    .map(<[Option<usize>]>::to_vec)
-            });
-        let reach = self.formulation.reach(&solution, bound);
-        let values = solution.columns().to_vec();
-        let row_duals = solution.dual_rows().to_vec();
+        let read = read(&self.formulation, &solved);
         self.model = Some(Model::from(solved));
-        Ok(Screening {
-            choice,
-            bound,
-            reach,
-            values,
-            row_duals,
-        })
+        Ok(read)
     }
 
     /// The component's size as its members times its columns: about the work of a dive, one
