@@ -31,7 +31,7 @@
 //! - the groups of payers, and the components' PF programs, run in parallel, one HiGHS thread
 //!   each.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::ops::Range;
 
@@ -642,7 +642,7 @@ impl OpenPayment<'_> {
         let _solve = tracing::info_span!("payment_programs", %app).entered();
         let gain = |member, option| instance.gain(member, option);
         let decide = |threshold: f64| {
-            let margin = OBJECTIVE_TOLERANCE * threshold.abs().max(1.0);
+            let margin = tolerance(threshold);
             let keep = |at: usize, option: usize| {
                 at != self.position && self.reach[at][option] > threshold - margin
             };
@@ -816,8 +816,7 @@ impl PayerScreen<'_, '_, '_> {
         if let Some(choice) = screened.choice {
             return Ok(Screened::Exact(self.worth(&choice)));
         }
-        let with_tolerance = |bound: f64| bound + OBJECTIVE_TOLERANCE * bound.abs().max(1.0);
-        optimum.relaxed = with_tolerance(screened.bound);
+        optimum.relaxed = screened.bound + tolerance(screened.bound);
         optimum.upper = optimum.upper.min(optimum.relaxed);
         // Zero-half cuts tighten the bound where the dives would otherwise work for it; they
         // stay in the group's model for its later payers.
@@ -832,7 +831,9 @@ impl PayerScreen<'_, '_, '_> {
             if let Some(choice) = screened.choice {
                 return Ok(Screened::Exact(self.worth(&choice)));
             }
-            optimum.upper = optimum.upper.min(with_tolerance(screened.bound));
+            optimum.upper = optimum
+                .upper
+                .min(screened.bound + tolerance(screened.bound));
         }
         let gain = |member, option| context.instance.gain(member, option);
         let improved = |start: Vec<Option<usize>>| {
@@ -871,7 +872,8 @@ impl PayerScreen<'_, '_, '_> {
             return Ok(Screened::Decided(optimum));
         }
         if relaxation.has_cuts() {
-            optimum.relaxed = with_tolerance(relaxation.bound_without_cuts("payment")?);
+            let relaxed = relaxation.bound_without_cuts("payment")?;
+            optimum.relaxed = relaxed + tolerance(relaxed);
         }
         Ok(Screened::Bracketed(optimum, screened.reach))
     }
@@ -1536,7 +1538,7 @@ impl Formulation {
 
     /// Whether `choice` (in member order) is worth `bound` or more, to the tolerance.
     fn attains(&self, choice: &[Option<usize>], bound: f64) -> bool {
-        self.worth(choice) >= bound - OBJECTIVE_TOLERANCE * bound.abs().max(1.0)
+        self.worth(choice) >= bound - tolerance(bound)
     }
 
     /// The objective's value at `choice` (every column kept).
@@ -1578,6 +1580,11 @@ const INTEGRALITY: f64 = 1e-6;
 
 /// The absolute optimality tolerance of every program, relative to objectives of magnitude 1.
 const OBJECTIVE_TOLERANCE: f64 = 1e-9;
+
+/// [`OBJECTIVE_TOLERANCE`] scaled to an objective value of that size.
+fn tolerance(value: f64) -> f64 {
+    OBJECTIVE_TOLERANCE * value.abs().max(1.0)
+}
 
 fn quiet_single_thread(model: &mut Model) {
     model.make_quiet();
@@ -1636,7 +1643,7 @@ impl DualBound {
     fn without(&self, position: usize, starving_served: usize) -> f64 {
         let bound =
             self.with_everyone - self.member_terms[position] + self.count * starving_served as f64;
-        bound + OBJECTIVE_TOLERANCE * bound.abs().max(1.0)
+        bound + tolerance(bound)
     }
 }
 
@@ -1649,10 +1656,9 @@ struct Relaxation {
     formulation: Formulation,
     /// Whether payments may dive here: not when the component's PF choice fell back.
     dives: bool,
-    /// The zero-half cuts added ([`Self::add_cuts`]), and the slack column of each: fixed at
-    /// 0 while the cut holds, unbounded while it is switched off.
-    cuts: HashSet<PackingRow>,
-    cut_slacks: Vec<Col>,
+    /// The zero-half cuts added ([`Self::add_cuts`]), each with its slack column: fixed at 0
+    /// while the cut holds, unbounded while it is switched off.
+    cuts: HashMap<PackingRow, Col>,
 }
 
 impl Relaxation {
@@ -1675,8 +1681,7 @@ impl Relaxation {
             model: Some(model),
             formulation,
             dives: true,
-            cuts: HashSet::new(),
-            cut_slacks: Vec::new(),
+            cuts: HashMap::new(),
         }
     }
 
@@ -1688,22 +1693,21 @@ impl Relaxation {
         let model = self.model.as_mut().expect("not solving");
         let mut added = 0;
         for cut in zero_half_cuts(&rows, values, room.min(CUTS_PER_ROUND)) {
-            if self.cuts.contains(&cut) {
+            if self.cuts.contains_key(&cut) {
                 continue;
             }
             let handles = &self.formulation.handles;
             let terms = (cut.terms.iter()).map(|&(column, k)| (handles[column], f64::from(k)));
             let row = model.add_row(..=f64::from(cut.bound), terms);
-            self.cut_slacks
-                .push(model.add_col(0.0, 0.0..=0.0, [(row, -1.0)]));
-            self.cuts.insert(cut);
+            let slack = model.add_col(0.0, 0.0..=0.0, [(row, -1.0)]);
+            self.cuts.insert(cut, slack);
             added += 1;
         }
         added
     }
 
     fn has_cuts(&self) -> bool {
-        !self.cut_slacks.is_empty()
+        !self.cuts.is_empty()
     }
 
     /// The LP optimum with every cut switched off: the LP counterfactual a payment falls back
@@ -1719,7 +1723,7 @@ impl Relaxation {
     /// Sets every cut's slack to at most `upper`: 0 switches the cuts on, infinity off.
     fn switch_cuts(&mut self, upper: f64) {
         let model = self.model.as_mut().expect("not solving");
-        for &slack in &self.cut_slacks {
+        for &slack in self.cuts.values() {
             model.change_column_bounds(slack, 0.0..=upper);
         }
     }
@@ -1953,7 +1957,7 @@ impl Program {
                 let bound = solved
                     .double_info_value(c"mip_dual_bound")
                     .unwrap_or(f64::INFINITY);
-                let bound = bound + OBJECTIVE_TOLERANCE * bound.abs().max(1.0);
+                let bound = bound + tolerance(bound);
                 Ok(Some(Exceeds::Yes { found, bound }))
             }
             HighsModelStatus::Optimal => Ok(Some(Exceeds::No)),
