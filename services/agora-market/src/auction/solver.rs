@@ -42,10 +42,12 @@ use super::cuts::{zero_half_cuts, PackingRow};
 use super::{AuctionError, Choice, Instance, Rounding};
 use crate::parallel::parallel_map;
 
-/// Payers whose payments share one LP model (and one worker). Fixed, not derived from the
-/// number of cores, so that which basis each re-solve starts from, and hence every result,
-/// is the same on every machine.
+/// The most payments of one component that share one LP model (and one worker), and the
+/// fewest models a component's payments are split over (when it has that many). Fixed, not
+/// derived from the number of cores, so that which basis each re-solve starts from, and hence
+/// every result, is the same on every machine.
 const PAYERS_PER_MODEL: usize = 8;
+const MODELS_PER_COMPONENT: usize = 2;
 
 /// How much branch and bound the payments of one auction may use: how many binary programs in
 /// all, how many nodes each, and in components up to which size. Counted in programs, nodes
@@ -282,38 +284,49 @@ pub(super) fn payments(
         contested: &structure.contested,
     };
     let options = &pf.options;
-    let groups: Vec<PayerGroup> = (structure.components.iter())
+    let payers: Vec<Payer> = (structure.components.iter())
         .zip(&pf.fell_back)
         .zip(&pf.duals)
         .filter_map(|((members, fell_back), dual)| Some((members, *fell_back, dual.as_ref()?)))
-        .flat_map(|(members, fell_back, dual)| {
-            let payers: Vec<usize> = (0..members.len())
+        .enumerate()
+        .flat_map(|(component, (members, fell_back, dual))| {
+            (0..members.len())
                 .filter(|&position| options[members[position]].is_some())
-                .collect();
-            let chunks: Vec<Vec<usize>> = payers
-                .chunks(PAYERS_PER_MODEL)
-                .map(<[usize]>::to_vec)
-                .collect();
-            chunks.into_iter().map(move |payers| PayerGroup {
-                members,
-                payers,
-                programs_allowed: !fell_back,
-                dual,
-            })
+                .map(move |position| Payer {
+                    component,
+                    members,
+                    position,
+                    programs_allowed: !fell_back,
+                    dual,
+                })
         })
         .collect();
-    let payers: usize = groups.iter().map(|group| group.payers.len()).sum();
-    let span = tracing::info_span!("payment_solves", payers);
-    let screened = span.in_scope(|| {
-        parallel_map(&groups, |group| {
-            screen_group(&context, group, options, roundings, &span)
+    let span = tracing::info_span!("payment_solves", payers = payers.len());
+    // Every payment is first bracketed without a solve; only those the bracket leaves open
+    // share LP models, so that no model is built and solved cold for payments the bounds
+    // settle (a group's first LP solve took about 65% of the payments' LP time at 4096 GPUs).
+    let bounded = span.in_scope(|| {
+        parallel_map(&payers, |payer| {
+            bound_payment(&context, *payer, options, roundings)
         })
     });
-    let mut settled: Vec<(usize, Payment)> = Vec::with_capacity(payers);
+    let mut settled: Vec<(usize, Payment)> = Vec::with_capacity(payers.len());
+    let mut pending: Vec<PendingPayment> = Vec::new();
+    for bounded in bounded {
+        match bounded {
+            Bounded::Settled(payer, payment) => settled.push((payer, payment)),
+            Bounded::Pending(payment) => pending.push(payment),
+        }
+    }
+    let groups: Vec<&[PendingPayment]> = pending
+        .chunk_by(|a, b| a.payer.component == b.payer.component)
+        .flat_map(model_groups)
+        .collect();
+    let screened =
+        span.in_scope(|| parallel_map(&groups, |group| screen_group(&context, group, &span)));
     let mut open: Vec<OpenPayment> = Vec::new();
-    for (group, screens) in groups.iter().zip(screened) {
-        for (&position, screen) in group.payers.iter().zip(screens?) {
-            let payer = group.members[position];
+    for screens in screened {
+        for (payer, screen) in screens? {
             match screen {
                 Screen::Settled(payment) => settled.push((payer, payment)),
                 Screen::Open(payment) => open.push(payment),
@@ -336,6 +349,25 @@ pub(super) fn payments(
         settled.push(decision?);
     }
     Ok(tally(instance.bidders.len(), settled))
+}
+
+/// One component's pending payments split, in order, into groups of nearly equal size that
+/// each share one LP model: at most [`PAYERS_PER_MODEL`] a group, and at least
+/// [`MODELS_PER_COMPONENT`] groups, so that a component's few open payments still run on two
+/// workers.
+fn model_groups<T>(payments: &[T]) -> impl Iterator<Item = &[T]> {
+    let groups = payments
+        .len()
+        .div_ceil(PAYERS_PER_MODEL)
+        .max(MODELS_PER_COMPONENT)
+        .min(payments.len());
+    let (size, larger) = (payments.len() / groups, payments.len() % groups);
+    let mut rest = payments;
+    (0..groups).map(move |group| {
+        let (head, tail) = rest.split_at(size + usize::from(group < larger));
+        rest = tail;
+        head
+    })
 }
 
 /// The shares of `settled` payments (by payer) and how they were found.
@@ -570,11 +602,14 @@ fn optimum(
     Ok((choice, method, dual))
 }
 
-/// Payers of one component whose payments share one LP model.
-struct PayerGroup<'a> {
+/// A PF winner in a component of two or more bidders.
+#[derive(Clone, Copy)]
+struct Payer<'a> {
+    /// Its component's index, in the order of the components.
+    component: usize,
     members: &'a [usize],
-    /// Positions in `members`.
-    payers: Vec<usize>,
+    /// Its position in `members`.
+    position: usize,
     /// Whether payments the screening leaves open may dive and run binary programs: not when
     /// the PF choice fell back, so they fall back at once.
     programs_allowed: bool,
@@ -654,72 +689,113 @@ impl OpenPayment<'_> {
     }
 }
 
-/// Screens the payments of one group, in the order of its payers: certified, proved by the
-/// bounds or the LP relaxation without the payer, or bracketed for binary programs to decide.
-fn screen_group<'a>(
-    context: &Context,
-    group: &PayerGroup<'a>,
+/// What bounds without any solve tell of one payment ([`bound_payment`]).
+enum Bounded<'c, 'a, 'i> {
+    /// Settled, for the payer (a bidder index).
+    Settled(usize, Payment),
+    /// Left open: the LP relaxation without the payer must be re-solved.
+    Pending(PendingPayment<'c, 'a, 'i>),
+}
+
+/// A payment whose bracket without a solve leaves the GPUs the payer keeps open.
+struct PendingPayment<'c, 'a, 'i> {
+    payer: Payer<'a>,
+    screen: PayerScreen<'c, 'a, 'i>,
+    /// The best choice without the payer known so far.
+    polished: Vec<Option<usize>>,
+    bracket: Bracket,
+}
+
+/// Brackets one payment without any solve ([`PayerScreen::bound`]). A payer whose bundle
+/// takes no contested class pays nothing: the others' constraints are the same with and
+/// without it, so x* minus the payer stays their optimum.
+fn bound_payment<'c, 'a, 'i>(
+    context: &'c Context<'a, 'i>,
+    payer: Payer<'a>,
     options: &Choice,
     roundings: &[Option<Rounding>],
-    span: &tracing::Span,
-) -> Result<Vec<Screen<'a>>, AuctionError> {
+) -> Bounded<'c, 'a, 'i> {
     let instance = context.instance;
-    let members = group.members;
-    // Created at the first payment the duals' bound leaves open.
-    let mut relaxation: Option<Relaxation> = None;
-    let mut screens = Vec::with_capacity(group.payers.len());
-    for &position in &group.payers {
-        let payer = members[position];
-        if !uses_contested_class(context, payer, options) {
-            // The others' constraints are the same with and without the payer: x* minus the
-            // payer stays their optimum.
-            screens.push(Screen::Settled(Payment::certified(ShareBounds::exact(1.0))));
-            continue;
-        }
+    let members = payer.members;
+    let bidder = members[payer.position];
+    if !uses_contested_class(context, bidder, options) {
+        return Bounded::Settled(bidder, Payment::certified(ShareBounds::exact(1.0)));
+    }
+    let starving_served = members
+        .iter()
+        .filter(|&&m| m != bidder && instance.bidders[m].is_starving() && options[m].is_some())
+        .count();
+    let pf_without_payer: Vec<Option<usize>> = members
+        .iter()
+        .map(|&m| if m == bidder { None } else { options[m] })
+        .collect();
+    let screen = PayerScreen {
+        context,
+        members,
+        position: payer.position,
+        starving_served,
+        with_payer: worth_in_member_order(instance, members, &pf_without_payer),
+        rounding: roundings[bidder].expect("a payer won a bundle"),
+    };
+    let (bracket, polished) = screen.bound(payer.dual, pf_without_payer);
+    if bracket.decides(screen.rounding) {
+        return Bounded::Settled(bidder, Payment::certified(bracket.shares()));
+    }
+    Bounded::Pending(PendingPayment {
+        payer,
+        screen,
+        polished,
+        bracket,
+    })
+}
+
+/// Screens one group of a component's pending payments on one LP model, in order
+/// ([`PayerScreen::screen_by_relaxation`]): proved by the LP relaxation without the payer or
+/// by the bounds it gives, or bracketed for binary programs to decide. Each result is for its
+/// payer (a bidder index).
+fn screen_group<'c, 'a, 'i>(
+    context: &Context,
+    group: &[PendingPayment<'c, 'a, 'i>],
+    span: &tracing::Span,
+) -> Result<Vec<(usize, Screen<'a>)>, AuctionError> {
+    let first = &group.first().expect("a group has a payment").screen;
+    let gain = |member, option| context.instance.gain(member, option);
+    let mut relaxation = Relaxation::new(context, first.members, gain, Some(first.starving_served));
+    relaxation.dives = group[0].payer.programs_allowed;
+    let mut screens = Vec::with_capacity(group.len());
+    for pending in group {
+        let (payer, screen) = (pending.payer, &pending.screen);
+        let bidder = payer.members[payer.position];
         // Workers run the solves, so the span names its parent explicitly.
-        let app = &instance.bidders[payer].bid.app;
+        let app = &context.instance.bidders[bidder].bid.app;
         let _solve = tracing::info_span!(parent: span, "payment_solve", %app).entered();
-        let starving_served = members
-            .iter()
-            .filter(|&&m| m != payer && instance.bidders[m].is_starving() && options[m].is_some())
-            .count();
-        let pf_without_payer: Vec<Option<usize>> = members
-            .iter()
-            .map(|&m| if m == payer { None } else { options[m] })
-            .collect();
-        let rounding = roundings[payer].expect("a payer won a bundle");
-        let with_payer = worth_in_member_order(instance, members, &pf_without_payer);
-        let payment = PayerScreen {
-            context,
-            members,
-            position,
-            starving_served,
-            with_payer,
-            rounding,
-        };
-        let screened = payment.screen(group, &mut relaxation, pf_without_payer)?;
-        screens.push(match screened {
-            Screened::Exact(without_payer) => {
-                let share = ShareBounds::exact(share(with_payer, without_payer));
-                Screen::Settled(Payment::certified(share))
-            }
-            Screened::Decided(bracket) => Screen::Settled(Payment::certified(bracket.shares())),
-            Screened::Bracketed(bracket, _) if !group.programs_allowed => {
-                Screen::Settled(bracket.fall_back(0))
-            }
-            Screened::Bracketed(bracket, reach) => Screen::Open(OpenPayment {
-                payer,
-                members,
-                position,
-                component_size: (relaxation.as_ref())
-                    .expect("an open payment re-solved the LP")
-                    .size(),
-                starving_served,
-                rounding,
-                bracket,
-                reach,
-            }),
-        });
+        relaxation.exclude(payer.position, screen.starving_served);
+        let screened =
+            screen.screen_by_relaxation(&mut relaxation, &pending.polished, pending.bracket);
+        relaxation.restore(payer.position);
+        screens.push((
+            bidder,
+            match screened? {
+                Screened::Exact(without_payer) => {
+                    let share = ShareBounds::exact(share(screen.with_payer, without_payer));
+                    Screen::Settled(Payment::certified(share))
+                }
+                Screened::Decided(bracket) => Screen::Settled(Payment::certified(bracket.shares())),
+                Screened::Bracketed(bracket, _) if !payer.programs_allowed => {
+                    Screen::Settled(bracket.fall_back(0))
+                }
+                Screened::Bracketed(bracket, reach) => Screen::Open(OpenPayment {
+                    payer: bidder,
+                    members: payer.members,
+                    position: payer.position,
+                    component_size: relaxation.size(),
+                    starving_served: screen.starving_served,
+                    rounding: screen.rounding,
+                    bracket,
+                    reach,
+                }),
+            },
+        ));
     }
     Ok(screens)
 }
@@ -752,19 +828,14 @@ impl PayerScreen<'_, '_, '_> {
         worth_in_member_order(self.context.instance, self.members, choice)
     }
 
-    /// Brackets the others' optimum without the payer, cheapest bounds first: x* without the
-    /// payer improved by local moves below, the PF choice's duals ([`DualBound`]) above. Only
-    /// when these leave the GPUs the payer keeps open is the LP relaxation without the payer
-    /// re-solved (on the group's model, created at the first such payment), and then the LP
-    /// optimum rounded and, where the relaxation may dive ([`Relaxation::may_dive`]), a dive
-    /// look for a better lower bound: a dive is a chain of LP re-solves, most of a payment's
-    /// time.
-    fn screen(
+    /// Brackets the others' optimum without the payer with no solve: x* without the payer
+    /// improved by local moves below, the PF choice's duals ([`DualBound`]) above. Also the
+    /// best choice found.
+    fn bound(
         &self,
-        group: &PayerGroup,
-        relaxation: &mut Option<Relaxation>,
+        dual: &DualBound,
         pf_without_payer: Vec<Option<usize>>,
-    ) -> Result<Screened, AuctionError> {
+    ) -> (Bracket, Vec<Option<usize>>) {
         let context = self.context;
         let gain = |member, option| context.instance.gain(member, option);
         // Single moves first: they settle many payments, and ejections cost about ten times
@@ -777,7 +848,7 @@ impl PayerScreen<'_, '_, '_> {
             gain,
         );
         while polished.single_moves() {}
-        let upper = group.dual.without(self.position, self.starving_served);
+        let upper = dual.without(self.position, self.starving_served);
         let mut optimum = Bracket {
             with_payer: self.with_payer,
             lower: self.worth(&polished.choice).max(self.with_payer),
@@ -788,23 +859,14 @@ impl PayerScreen<'_, '_, '_> {
             polished.settle();
             optimum.lower = optimum.lower.max(self.worth(&polished.choice));
         }
-        if optimum.decides(self.rounding) {
-            return Ok(Screened::Decided(optimum));
-        }
-        let relaxation = relaxation.get_or_insert_with(|| {
-            let mut relaxation =
-                Relaxation::new(context, self.members, gain, Some(self.starving_served));
-            relaxation.dives = group.programs_allowed;
-            relaxation
-        });
-        relaxation.exclude(self.position, self.starving_served);
-        let screened = self.screen_by_relaxation(relaxation, &polished.choice, optimum);
-        relaxation.restore(self.position);
-        screened
+        (optimum, polished.choice)
     }
 
-    /// The rest of [`Self::screen`], on the relaxation without the payer: `polished` is the
-    /// best choice known and `optimum` the bracket so far.
+    /// Narrows [`Self::bound`]'s bracket on the LP relaxation without the payer (excluded by
+    /// the caller): the LP optimum, zero-half cuts, the LP optimum rounded and, where the
+    /// relaxation may dive ([`Relaxation::may_dive`]), a dive. `polished` is the best choice
+    /// known and `optimum` the bracket so far. A dive is a chain of LP re-solves, most of a
+    /// payment's time.
     fn screen_by_relaxation(
         &self,
         relaxation: &mut Relaxation,
@@ -2324,5 +2386,23 @@ mod tests {
             checked > 200,
             "only {checked} LPs without a member were compared"
         );
+    }
+
+    /// Groups of nearly equal size, in order, never more than `PAYERS_PER_MODEL` and at least
+    /// two where there are two payments to split.
+    #[test]
+    fn pending_payments_split_into_balanced_model_groups() {
+        let sizes = |count: usize| -> Vec<usize> {
+            let payments: Vec<usize> = (0..count).collect();
+            let groups: Vec<&[usize]> = model_groups(&payments).collect();
+            assert_eq!(groups.concat(), payments, "every payment once, in order");
+            groups.iter().map(|group| group.len()).collect()
+        };
+        assert_eq!(sizes(1), [1]);
+        assert_eq!(sizes(2), [1, 1]);
+        assert_eq!(sizes(5), [3, 2]);
+        assert_eq!(sizes(16), [8, 8]);
+        assert_eq!(sizes(17), [6, 6, 5]);
+        assert_eq!(sizes(52), [8, 8, 8, 7, 7, 7, 7]);
     }
 }
