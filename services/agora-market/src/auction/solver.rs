@@ -577,7 +577,7 @@ fn optimum(
                 // Without RINS and RENS (see `Program::model`), HiGHS's incumbent after the
                 // budget is often poor; the dive, one chain of LP re-solves, was worth 0.2-4.6
                 // more log-welfare on bundles drawn anywhere (BENCHMARKS.md).
-                let dived = relaxation.dive("proportional-fair", |_, _| false)?;
+                let dived = relaxation.dive("proportional-fair", None, |_, _| false)?;
                 let polish = |start| improve(context, members, start, None, weight);
                 // The rounding is already improved.
                 let candidates = [incumbent.map(polish), rounded, dived.map(polish)];
@@ -918,7 +918,7 @@ impl PayerScreen<'_, '_, '_> {
             // than the dive's end; once one decides the payment, the rest of the dive is not
             // needed.
             let mut lower = optimum.lower;
-            let dived = relaxation.dive("payment", |formulation, values| {
+            let dived = relaxation.dive("payment", Some(polished), |formulation, values| {
                 let rounded = formulation.rounded(context, members, values, starving_served);
                 if let Some(rounded) = rounded {
                     lower = lower.max(improved(rounded));
@@ -1852,13 +1852,24 @@ impl Relaxation {
     /// A choice of the binary program found by diving from the last LP optimum: the column
     /// with the largest fractional value is fixed to 1 (to 0 when that leaves the LP
     /// infeasible) and the LP re-solved from its basis, until the LP optimum is integral.
-    /// `None` when the dive ends infeasible, or when `enough`, shown each step's LP optimum,
-    /// stops it first. The fixed columns are released afterwards.
+    /// Given a `guide` (a choice, in member order), fractional columns it takes are fixed
+    /// first (a guided dive: it searches near that choice, which payments' dives decided
+    /// more often, BENCHMARKS.md). `None` when the dive ends infeasible, or when `enough`,
+    /// shown each step's LP optimum, stops it first. The fixed columns are released
+    /// afterwards.
     fn dive(
         &mut self,
         program: &'static str,
+        guide: Option<&[Option<usize>]>,
         mut enough: impl FnMut(&Formulation, &[f64]) -> bool,
     ) -> Result<Option<Vec<Option<usize>>>, AuctionError> {
+        let columns = &self.formulation.columns;
+        let guided: Vec<bool> = match guide {
+            Some(guide) => (columns.iter())
+                .map(|&(position, option)| guide[position] == Some(option))
+                .collect(),
+            None => vec![false; columns.len()],
+        };
         let mut fixed: Vec<Col> = Vec::new();
         // Whether the last column fixed is still at 1, so that an infeasible LP can undo it.
         let mut last_at_one = false;
@@ -1887,11 +1898,15 @@ impl Relaxation {
             if enough(&self.formulation, &values) {
                 break;
             }
-            let fractional = values
-                .iter()
-                .enumerate()
+            // The guide's columns first, then the largest value, then the first column.
+            let fractional = (values.iter().enumerate())
+                .take(guided.len())
                 .filter(|&(_, &x)| x > INTEGRALITY && x < 1.0 - INTEGRALITY)
-                .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)));
+                .max_by(|a, b| {
+                    (guided[a.0].cmp(&guided[b.0]))
+                        .then(a.1.total_cmp(b.1))
+                        .then(b.0.cmp(&a.0))
+                });
             let Some((column, _)) = fractional else {
                 found = self.formulation.integral_choice(&values, f64::NEG_INFINITY);
                 break;
@@ -2259,7 +2274,7 @@ mod tests {
     /// takes every bundle by half. A dive fixes one bundle and ends integral; a dive told to
     /// stop at its first step finds nothing and leaves the relaxation as it was.
     #[test]
-    fn a_dive_stops_when_told_and_releases_what_it_fixed() {
+    fn a_dive_stops_when_told_releases_what_it_fixed_and_follows_its_guide() {
         let offer = Offer::without_topology(["x", "y", "z"].map(GpuId::from).to_vec());
         let pair = |app: &str, first: &str, second: &str| AppBid {
             app: AppId::from(app),
@@ -2288,7 +2303,7 @@ mod tests {
         assert!((relaxed.bound - 1.5 * 2f64.ln()).abs() < 1e-9);
 
         let mut steps = 0;
-        let stopped = relaxation.dive("test", |_, _| {
+        let stopped = relaxation.dive("test", None, |_, _| {
             steps += 1;
             true
         });
@@ -2301,7 +2316,7 @@ mod tests {
         );
 
         let mut seen: Vec<Vec<f64>> = Vec::new();
-        let dived = relaxation.dive("test", |_, values| {
+        let dived = relaxation.dive("test", None, |_, values| {
             seen.push(values.to_vec());
             false
         });
@@ -2313,6 +2328,22 @@ mod tests {
             "the fractional optimum, then the integral one"
         );
         assert!(seen[0].iter().all(|&x| (x - 0.5).abs() < 1e-9));
+        assert_eq!(
+            dived,
+            [Some(0), None, None],
+            "unguided, the first of equal columns"
+        );
+
+        for guided in 0..3 {
+            let mut guide = [None; 3];
+            guide[guided] = Some(0);
+            let dived = relaxation.dive("test", Some(&guide), |_, _| false);
+            assert_eq!(
+                dived.expect("solved").expect("integral"),
+                guide,
+                "the guide's bundle"
+            );
+        }
     }
 
     /// The duals' bound, read off the LP with every member, is that LP's optimum with every
