@@ -319,7 +319,7 @@ pub(super) fn payments(
         }
     }
     let groups: Vec<&[PendingPayment]> = pending
-        .chunk_by(|a, b| a.payer.component == b.payer.component)
+        .chunk_by(|a, b| a.component == b.component)
         .flat_map(model_groups)
         .collect();
     let screened =
@@ -699,7 +699,9 @@ enum Bounded<'c, 'a, 'i> {
 
 /// A payment whose bracket without a solve leaves the GPUs the payer keeps open.
 struct PendingPayment<'c, 'a, 'i> {
-    payer: Payer<'a>,
+    /// The payer's component and whether its payments may dive ([`Payer`]).
+    component: usize,
+    programs_allowed: bool,
     screen: PayerScreen<'c, 'a, 'i>,
     /// The best choice without the payer known so far.
     polished: Vec<Option<usize>>,
@@ -742,7 +744,8 @@ fn bound_payment<'c, 'a, 'i>(
         return Bounded::Settled(bidder, Payment::certified(bracket.shares()));
     }
     Bounded::Pending(PendingPayment {
-        payer,
+        component: payer.component,
+        programs_allowed: payer.programs_allowed,
         screen,
         polished,
         bracket,
@@ -761,18 +764,18 @@ fn screen_group<'c, 'a, 'i>(
     let first = &group.first().expect("a group has a payment").screen;
     let gain = |member, option| context.instance.gain(member, option);
     let mut relaxation = Relaxation::new(context, first.members, gain, Some(first.starving_served));
-    relaxation.dives = group[0].payer.programs_allowed;
+    relaxation.dives = group[0].programs_allowed;
     let mut screens = Vec::with_capacity(group.len());
     for pending in group {
-        let (payer, screen) = (pending.payer, &pending.screen);
-        let bidder = payer.members[payer.position];
+        let screen = &pending.screen;
+        let bidder = screen.members[screen.position];
         // Workers run the solves, so the span names its parent explicitly.
         let app = &context.instance.bidders[bidder].bid.app;
         let _solve = tracing::info_span!(parent: span, "payment_solve", %app).entered();
-        relaxation.exclude(payer.position, screen.starving_served);
+        relaxation.exclude(screen.position, screen.starving_served);
         let screened =
             screen.screen_by_relaxation(&mut relaxation, &pending.polished, pending.bracket);
-        relaxation.restore(payer.position);
+        relaxation.restore(screen.position);
         screens.push((
             bidder,
             match screened? {
@@ -781,13 +784,13 @@ fn screen_group<'c, 'a, 'i>(
                     Screen::Settled(Payment::certified(share))
                 }
                 Screened::Decided(bracket) => Screen::Settled(Payment::certified(bracket.shares())),
-                Screened::Bracketed(bracket, _) if !payer.programs_allowed => {
+                Screened::Bracketed(bracket, _) if !pending.programs_allowed => {
                     Screen::Settled(bracket.fall_back(0))
                 }
                 Screened::Bracketed(bracket, reach) => Screen::Open(OpenPayment {
                     payer: bidder,
-                    members: payer.members,
-                    position: payer.position,
+                    members: screen.members,
+                    position: screen.position,
                     component_size: relaxation.size(),
                     starving_served: screen.starving_served,
                     rounding: screen.rounding,
@@ -815,7 +818,7 @@ enum Screened {
 /// others serve exactly `starving_served` starving members and are worth `with_payer` in x*.
 struct PayerScreen<'c, 'a, 'i> {
     context: &'c Context<'a, 'i>,
-    members: &'c [usize],
+    members: &'a [usize],
     position: usize,
     starving_served: usize,
     with_payer: f64,
@@ -1721,6 +1724,8 @@ struct Relaxation {
     /// The zero-half cuts added ([`Self::add_cuts`]), each with its slack column: fixed at 0
     /// while the cut holds, unbounded while it is switched off.
     cuts: HashMap<PackingRow, Col>,
+    /// The formulation's packing rows, the cuts' material; built at the first cut round.
+    packing_rows: Option<Vec<PackingRow>>,
 }
 
 impl Relaxation {
@@ -1744,6 +1749,7 @@ impl Relaxation {
             formulation,
             dives: true,
             cuts: HashMap::new(),
+            packing_rows: None,
         }
     }
 
@@ -1751,10 +1757,12 @@ impl Relaxation {
     /// to [`CUTS_PER_MODEL`] in all; returns how many were added.
     fn add_cuts(&mut self, context: &Context, members: &[usize], values: &[f64]) -> usize {
         let room = CUTS_PER_MODEL - self.cuts.len();
-        let rows = self.formulation.packing_rows(context, members);
+        let formulation = &self.formulation;
+        let rows =
+            (self.packing_rows).get_or_insert_with(|| formulation.packing_rows(context, members));
         let model = self.model.as_mut().expect("not solving");
         let mut added = 0;
-        for cut in zero_half_cuts(&rows, values, room.min(CUTS_PER_ROUND)) {
+        for cut in zero_half_cuts(rows, values, room.min(CUTS_PER_ROUND)) {
             if self.cuts.contains_key(&cut) {
                 continue;
             }
@@ -1898,7 +1906,8 @@ impl Relaxation {
             if enough(&self.formulation, &values) {
                 break;
             }
-            // The guide's columns first, then the largest value, then the first column.
+            // The guide's columns first, then the largest value, then the first column; the
+            // cuts' slack columns, past the program's own, are never fixed.
             let fractional = (values.iter().enumerate())
                 .take(guided.len())
                 .filter(|&(_, &x)| x > INTEGRALITY && x < 1.0 - INTEGRALITY)
@@ -2271,8 +2280,9 @@ mod tests {
     }
 
     /// Three bidders each want two of the GPUs x, y and z (an odd cycle), so the LP optimum
-    /// takes every bundle by half. A dive fixes one bundle and ends integral; a dive told to
-    /// stop at its first step finds nothing and leaves the relaxation as it was.
+    /// takes every bundle by half. A dive fixes one bundle and ends integral, the guide's when
+    /// given one; a dive told to stop at its first step finds nothing and leaves the
+    /// relaxation as it was.
     #[test]
     fn a_dive_stops_when_told_releases_what_it_fixed_and_follows_its_guide() {
         let offer = Offer::without_topology(["x", "y", "z"].map(GpuId::from).to_vec());
