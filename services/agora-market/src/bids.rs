@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::App;
 use crate::auction::{AppBid, BidEntry, Offer};
-use crate::fairness::{independent_finish_time, job_widths, place_widths, rho, FairnessContext};
+use crate::fairness::{
+    independent_finish_time, job_widths, place_widths, rho, rho_of_plan, FairnessContext, PhasePlan,
+};
 use crate::rho::{Rho, RhoOld};
 use crate::topology::{GpuId, GpuLocation, PlacementIndex};
 
@@ -103,6 +105,8 @@ pub fn generate_bid(
     let restart = context.restart_pause_seconds / independent_finish_time(context);
     for count in counts {
         let trade_pause = if count > unmet { restart } else { 0.0 };
+        // Every bundle of this size is priced against one plan of the app's phases.
+        let plan = PhasePlan::remaining(app, held.len() + count);
         let mut valued: Vec<(f64, Vec<usize>)> = Vec::new();
         let job_placed = full_demand
             .iter()
@@ -139,7 +143,8 @@ pub fn generate_bid(
             combined.extend_from_slice(held);
             combined.extend(subset.iter().map(|&item| offer.placement.location(item)));
             let pause = f64::max(pause, trade_pause);
-            let Some(value) = rho(app, &combined, context).map(|rho| rho.get() + pause) else {
+            let Some(value) = rho_of_plan(&plan, &combined, context).map(|rho| rho.get() + pause)
+            else {
                 continue;
             };
             if improves(value, rho_old) {

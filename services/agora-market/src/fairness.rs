@@ -4,8 +4,8 @@
 //! One job model serves every estimate: an app is a sequence of phases, each a set of jobs
 //! sharing the app's GPUs ([`job_widths`]); a phase lasts as long as its slowest job, and a job
 //! whose GPU count changes between phases pauses to checkpoint and restore. T_sh's remaining
-//! time and T_cluster (the app alone on the whole cluster) are both [`plan_time`] of that model,
-//! so an app alone on an empty cluster has rho 1.
+//! time and T_cluster (the app alone on the whole cluster) are both [`PhasePlan::time_on`] of
+//! that model, so an app alone on an empty cluster has rho 1.
 //!
 //! On a cluster of mixed GPU types each job runs at the app's speed on the slowest GPU of its
 //! share ([`GpuSpeeds`]), and the app's scheduler places its most critical jobs on its fastest
@@ -41,15 +41,29 @@ pub struct FairnessContext {
 /// rho of `app` if it holds `gpus` until it completes; `None` when that is never (no GPUs while
 /// work remains), the "starving" case.
 pub fn rho(app: &App, gpus: &[GpuLocation], context: &FairnessContext) -> Option<Rho> {
+    rho_of_plan(&PhasePlan::remaining(app, gpus.len()), gpus, context)
+}
+
+/// [`rho`] with the app's remaining phases already priced for `gpus.len()` GPUs: an agent
+/// values every candidate bundle of one size against the same plan.
+pub fn rho_of_plan(
+    plan: &PhasePlan,
+    gpus: &[GpuLocation],
+    context: &FairnessContext,
+) -> Option<Rho> {
     let independent = independent_finish_time(context);
-    let shared = shared_finish_time(app, gpus, context);
+    let shared = shared_finish_time(plan, gpus, context);
     Rho::new(shared / independent).ok()
 }
 
-/// T_sh: time already spent plus the time to finish holding `gpus`.
-pub fn shared_finish_time(app: &App, gpus: &[GpuLocation], context: &FairnessContext) -> f64 {
+/// T_sh: time already spent plus the time to finish `plan` holding `gpus`.
+pub fn shared_finish_time(
+    plan: &PhasePlan,
+    gpus: &[GpuLocation],
+    context: &FairnessContext,
+) -> f64 {
     context.now.saturating_since(context.arrival).as_secs_f64()
-        + remaining_time(app, gpus, &context.speeds, context.restart_pause_seconds)
+        + plan.time_on(gpus, &context.speeds, context.restart_pause_seconds)
 }
 
 /// T_id = T_cluster * N_avg.
@@ -64,12 +78,7 @@ pub fn remaining_time(
     speeds: &GpuSpeeds,
     restart_pause_seconds: f64,
 ) -> f64 {
-    plan_time(
-        &remaining_phases(app, gpus.len() as u32),
-        gpus,
-        speeds,
-        restart_pause_seconds,
-    )
+    PhasePlan::remaining(app, gpus.len()).time_on(gpus, speeds, restart_pause_seconds)
 }
 
 /// T_cluster: seconds `app` takes from now holding every GPU of the cluster (at `cluster`),
@@ -98,92 +107,141 @@ pub fn remaining_phases(app: &App, gpu_count: u32) -> Vec<Vec<JobInfo>> {
     }
 }
 
-/// Seconds to run `phases` one after another on `gpus`: each phase ends with its slowest job.
-/// Between phases a job keeps its width (its GPU count) unless the next phase's share differs
-/// and resizing pays: growing must save more than the restart pause it costs, and a share
-/// narrower than the width forces the resize. A phase runs on the GPUs the earlier ones used
-/// when they are enough (an app keeps the GPUs it started on), else on all of `gpus`; jobs
-/// that resize may move to better-placed GPUs of `gpus`, since they restart anyway. The GPUs
-/// are ordered fastest first (for the app, at `speeds`), then by topology.
-pub fn plan_time(
-    phases: &[Vec<JobInfo>],
-    gpus: &[GpuLocation],
-    speeds: &GpuSpeeds,
-    restart_pause_seconds: f64,
-) -> f64 {
-    let mut ordered = gpus.to_vec();
-    speeds.sort_fastest_first(&mut ordered);
-    let mut footprint: Vec<GpuLocation> = Vec::new();
-    let mut width = None;
-    let mut total = 0.0;
-    for jobs in phases.iter().filter(|jobs| !jobs.is_empty()) {
-        let (work, demands) = (job_work(jobs), job_demands(jobs));
-        let on_all = job_widths(&work, &demands, ordered.len());
-        let pool: &[GpuLocation] = if on_all.iter().sum::<usize>() <= footprint.len() {
-            &footprint
-        } else {
-            &ordered
-        };
-        let share = if pool.len() == ordered.len() {
-            on_all
-        } else {
-            job_widths(&work, &demands, pool.len())
-        }
-        .into_iter()
-        .max()
-        .unwrap_or(0);
-        let phase = Phase {
-            jobs,
-            work: &work,
-            demands: &demands,
-        };
-        let (resized, used) = phase_time(&phase, pool, speeds, restart_pause_seconds);
-        // Jobs that resize restart anyway, so they may move: to better-placed GPUs elsewhere
-        // when the earlier phases' footprint places them worse.
-        let mut pool_len = pool.len();
-        let (resized, used) = if pool_len < ordered.len() && width.is_some_and(|w| w != share) {
-            let (moved, moved_used) = phase_time(&phase, &ordered, speeds, restart_pause_seconds);
-            if moved < resized {
-                pool_len = ordered.len();
-                (moved, moved_used)
+/// Phases of jobs to run one after another, each with its jobs' work and GPU demands and how
+/// the app's scheduler shares `gpu_count` GPUs among them ([`job_widths`]): what pricing a
+/// bundle of that many GPUs needs besides the GPUs themselves, computed once for all of them.
+#[derive(Debug, Clone)]
+pub struct PhasePlan {
+    gpu_count: usize,
+    phases: Vec<PlannedPhase>,
+}
+
+#[derive(Debug, Clone)]
+struct PlannedPhase {
+    jobs: Vec<JobInfo>,
+    work: Vec<f64>,
+    demands: Vec<u32>,
+    /// The jobs' widths on `gpu_count` GPUs.
+    widths: Vec<usize>,
+}
+
+impl PhasePlan {
+    /// `phases` (empty ones are skipped) priced for `gpu_count` GPUs.
+    pub fn new(phases: Vec<Vec<JobInfo>>, gpu_count: usize) -> Self {
+        let phases = phases
+            .into_iter()
+            .filter(|jobs| !jobs.is_empty())
+            .map(|jobs| {
+                let (work, demands) = (job_work(&jobs), job_demands(&jobs));
+                let widths = job_widths(&work, &demands, gpu_count);
+                PlannedPhase {
+                    jobs,
+                    work,
+                    demands,
+                    widths,
+                }
+            })
+            .collect();
+        Self { gpu_count, phases }
+    }
+
+    /// The phases `app` still has to run ([`remaining_phases`]), priced for `gpu_count` GPUs.
+    pub fn remaining(app: &App, gpu_count: usize) -> Self {
+        let count = u32::try_from(gpu_count).unwrap_or(u32::MAX);
+        Self::new(remaining_phases(app, count), gpu_count)
+    }
+
+    /// Seconds to run the phases one after another on `gpus`: each phase ends with its slowest
+    /// job. Between phases a job keeps its width (its GPU count) unless the next phase's share
+    /// differs and resizing pays: growing must save more than the restart pause it costs, and
+    /// a share narrower than the width forces the resize. A phase runs on the GPUs the earlier
+    /// ones used when they are enough (an app keeps the GPUs it started on), else on all of
+    /// `gpus`; jobs that resize may move to better-placed GPUs of `gpus`, since they restart
+    /// anyway. The GPUs are ordered fastest first (for the app, at `speeds`), then by
+    /// topology.
+    pub fn time_on(
+        &self,
+        gpus: &[GpuLocation],
+        speeds: &GpuSpeeds,
+        restart_pause_seconds: f64,
+    ) -> f64 {
+        let mut ordered = gpus.to_vec();
+        speeds.sort_fastest_first(&mut ordered);
+        let mut footprint: Vec<GpuLocation> = Vec::new();
+        let mut width = None;
+        let mut total = 0.0;
+        for planned in &self.phases {
+            let phase = Phase {
+                jobs: &planned.jobs,
+                work: &planned.work,
+                demands: &planned.demands,
+                known_widths: Some((self.gpu_count, &planned.widths)),
+            };
+            let on_all = phase.widths(ordered.len());
+            let pool: &[GpuLocation] = if on_all.iter().sum::<usize>() <= footprint.len() {
+                &footprint
+            } else {
+                &ordered
+            };
+            let share = if pool.len() == ordered.len() {
+                on_all
+            } else {
+                phase.widths(pool.len())
+            }
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0);
+            let (resized, used) = phase_time(&phase, pool, speeds, restart_pause_seconds);
+            // Jobs that resize restart anyway, so they may move: to better-placed GPUs
+            // elsewhere when the earlier phases' footprint places them worse.
+            let mut pool_len = pool.len();
+            let (resized, used) = if pool_len < ordered.len() && width.is_some_and(|w| w != share) {
+                let (moved, moved_used) =
+                    phase_time(&phase, &ordered, speeds, restart_pause_seconds);
+                if moved < resized {
+                    pool_len = ordered.len();
+                    (moved, moved_used)
+                } else {
+                    (resized, used)
+                }
             } else {
                 (resized, used)
-            }
-        } else {
-            (resized, used)
-        };
-        let (time, used) = match width {
-            Some(previous) if share > previous => {
-                let capped = capped(&demands, previous);
-                let kept_phase = Phase {
-                    demands: &capped,
-                    ..phase
-                };
-                let (kept, kept_used) =
-                    phase_time(&kept_phase, pool, speeds, restart_pause_seconds);
-                if kept - resized > restart_pause_seconds {
+            };
+            let (time, used) = match width {
+                Some(previous) if share > previous => {
+                    let capped = capped(phase.demands, previous);
+                    let kept_phase = Phase {
+                        demands: &capped,
+                        known_widths: None,
+                        ..phase
+                    };
+                    let (kept, kept_used) =
+                        phase_time(&kept_phase, pool, speeds, restart_pause_seconds);
+                    if kept - resized > restart_pause_seconds {
+                        width = Some(share);
+                        (resized + restart_pause_seconds, used)
+                    } else {
+                        (kept, kept_used)
+                    }
+                }
+                Some(previous) if share < previous => {
                     width = Some(share);
                     (resized + restart_pause_seconds, used)
-                } else {
-                    (kept, kept_used)
                 }
+                _ => {
+                    width = Some(share);
+                    (resized, used)
+                }
+            };
+            total += time;
+            if pool_len != footprint.len() || footprint.is_empty() {
+                footprint = used;
+                footprint.sort_unstable();
             }
-            Some(previous) if share < previous => {
-                width = Some(share);
-                (resized + restart_pause_seconds, used)
-            }
-            _ => {
-                width = Some(share);
-                (resized, used)
-            }
-        };
-        total += time;
-        if pool_len != footprint.len() || footprint.is_empty() {
-            footprint = used;
-            footprint.sort_unstable();
         }
+        total
     }
-    total
 }
 
 /// The jobs of one phase, with each job's work and GPU demand computed once for every estimate
@@ -193,6 +251,18 @@ struct Phase<'a> {
     jobs: &'a [JobInfo],
     work: &'a [f64],
     demands: &'a [u32],
+    /// The jobs' widths on one number of GPUs, when already known.
+    known_widths: Option<(usize, &'a [usize])>,
+}
+
+impl Phase<'_> {
+    /// The jobs' widths on `gpu_count` GPUs ([`job_widths`]).
+    fn widths(&self, gpu_count: usize) -> Cow<'_, [usize]> {
+        match self.known_widths {
+            Some((count, widths)) if count == gpu_count => Cow::Borrowed(widths),
+            _ => Cow::Owned(job_widths(self.work, self.demands, gpu_count)),
+        }
+    }
 }
 
 /// `demands` limited to `width` GPUs each.
@@ -277,6 +347,7 @@ pub fn slowest_useful_speed(
         jobs,
         work: &work,
         demands: &demands,
+        known_widths: None,
     };
     useful_floor(&phase, gpus, speeds, restart_pause_seconds)
 }
@@ -335,11 +406,7 @@ fn phase_time_on(
     speeds: &GpuSpeeds,
     restart_pause_seconds: f64,
 ) -> (f64, Vec<GpuLocation>) {
-    let Phase {
-        jobs,
-        work,
-        demands,
-    } = *phase;
+    let Phase { jobs, work, .. } = *phase;
     let pauses = |job: &JobInfo| f64::from(job.speed_changes_ahead) * restart_pause_seconds;
     if jobs.is_empty() {
         return (0.0, Vec::new());
@@ -363,7 +430,7 @@ fn phase_time_on(
         }
         return (load.into_iter().fold(0.0, f64::max), ordered.to_vec());
     }
-    let widths = job_widths(work, demands, ordered.len());
+    let widths = phase.widths(ordered.len());
     // Each job's time is read off its share as it is placed, so no share is kept; the phase's
     // time is their maximum, whatever order the jobs are placed in.
     let mut time = 0.0_f64;
@@ -812,7 +879,8 @@ mod tests {
         assert_eq!(independent_finish_time(&context), 2500.0);
         let gpus = sixteen_gpus();
         let rho_with = |count: usize| rho(&app, &gpus[..count], &context).map(Rho::get);
-        assert_eq!(shared_finish_time(&app, &gpus[..2], &context), 5000.0);
+        let plan = PhasePlan::remaining(&app, 2);
+        assert_eq!(shared_finish_time(&plan, &gpus[..2], &context), 5000.0);
         for (count, expected) in [(1, 4.0), (2, 2.0), (4, 1.064), (8, 0.532), (16, 0.356)] {
             let value = rho_with(count).expect("finite rho");
             assert!(
@@ -821,6 +889,25 @@ mod tests {
             );
         }
         assert_eq!(rho_with(0), None, "no GPUs means an unbounded finish time");
+    }
+
+    #[test]
+    fn a_plan_prices_gpus_of_any_count_as_a_plan_of_their_own_count_does() {
+        let (app, mut context) = worked_example();
+        context.restart_pause_seconds = 35.0;
+        let gpus = sixteen_gpus();
+        let plan_for_four = PhasePlan::remaining(&app, 4);
+        for range in [0..4, 6..10, 12..16, 0..8, 4..16, 0..1] {
+            let gpus = &gpus[range.clone()];
+            let own = PhasePlan::remaining(&app, gpus.len());
+            let (speeds, pause) = (&context.speeds, context.restart_pause_seconds);
+            assert_eq!(
+                plan_for_four.time_on(gpus, speeds, pause),
+                own.time_on(gpus, speeds, pause),
+                "GPUs {range:?}"
+            );
+            assert_eq!(rho_of_plan(&own, gpus, &context), rho(&app, gpus, &context));
+        }
     }
 
     #[test]
@@ -957,7 +1044,9 @@ mod tests {
         };
         let phases = [vec![job(100.0, 2), job(100.0, 2)], vec![job(400.0, 4)]];
         let expected = 50.0 + 35.0 + 400.0 * 1.1 / 4.0;
-        assert!((plan_time(&phases, &gpus, &GpuSpeeds::UNIFORM, 35.0) - expected).abs() < 1e-9);
+        let time =
+            PhasePlan::new(phases.to_vec(), gpus.len()).time_on(&gpus, &GpuSpeeds::UNIFORM, 35.0);
+        assert!((time - expected).abs() < 1e-9);
     }
 
     #[test]

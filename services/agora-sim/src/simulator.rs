@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use agora_market::app::{App, AppId, AppKind, Job, PlacementSlowdown, SuccessiveHalving};
 use agora_market::fairness::{
-    job_widths, place_widths, plan_time, slowest_useful_speed, ContentionTracker, Lifetime,
+    job_widths, place_widths, slowest_useful_speed, ContentionTracker, Lifetime, PhasePlan,
 };
 use agora_market::market::{Market, MarketConfig, MarketError};
 use agora_market::throughput::{gpu_types, GpuSpeeds};
@@ -915,7 +915,7 @@ fn free_gpus(held: &[GpuIndex], placed: &[Vec<GpuIndex>]) -> Vec<GpuIndex> {
 
 /// T_cluster with hindsight, for the report: the app's phases as they will actually run (the
 /// survivors its job quality picks, not the engine's median-job estimate), holding every GPU
-/// of the cluster, under the engine's job model ([`plan_time`]).
+/// of the cluster, under the engine's job model ([`PhasePlan::time_on`]).
 pub fn hindsight_cluster_time(
     app: &App,
     quality: &BTreeMap<String, f64>,
@@ -945,7 +945,7 @@ pub fn hindsight_cluster_time(
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         search.advance_phase(&names);
     }
-    plan_time(&phases, cluster, speeds, restart_pause_seconds)
+    PhasePlan::new(phases, cluster.len()).time_on(cluster, speeds, restart_pause_seconds)
 }
 
 /// On a cluster of several GPU types, an app that declares no throughput table runs at its
