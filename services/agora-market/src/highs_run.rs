@@ -20,7 +20,8 @@ pub(crate) fn try_solve(model: Model) -> Result<SolvedModel, HighsStatus> {
 
 /// From how many CPUs in a thread's mask it is held while HiGHS runs. With fewer the files cost
 /// at most about 90 µs a run, and a held thread cannot move off a CPU that another thread wants:
-/// on 2 CPUs holding gained nothing measurable (BENCHMARKS.md, "HiGHS runs held on one CPU").
+/// on 2 CPUs holding gained nothing measurable (docs/benchmarks-history.md, "HiGHS runs held on
+/// one CPU").
 const HOLD_FROM_CPUS: usize = 4;
 
 /// Narrows the calling thread's affinity mask to the CPU it runs on, and restores the mask on
