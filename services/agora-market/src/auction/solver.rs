@@ -42,11 +42,12 @@ use super::cuts::{zero_half_cuts, PackingRow};
 use super::{AuctionError, Choice, Instance, Rounding};
 use crate::parallel::parallel_map;
 
-/// The most payments of one component that share one LP model (and one worker), and the
-/// fewest models a component's payments are split over (when it has that many). Fixed, not
+/// The most payments of one component that share one LP model (and one worker). Fixed, not
 /// derived from the number of cores, so that which basis each re-solve starts from, and hence
 /// every result, is the same on every machine.
 const PAYERS_PER_MODEL: usize = 8;
+/// The fewest LP models a component's payments are split over (when it has that many), so
+/// that a few open payments still run on two workers. Fixed for the same reason.
 const MODELS_PER_COMPONENT: usize = 2;
 
 /// How much branch and bound the payments of one auction may use: how many binary programs in
@@ -353,8 +354,7 @@ pub(super) fn payments(
 
 /// One component's pending payments split, in order, into groups of nearly equal size that
 /// each share one LP model: at most [`PAYERS_PER_MODEL`] a group, and at least
-/// [`MODELS_PER_COMPONENT`] groups, so that a component's few open payments still run on two
-/// workers.
+/// [`MODELS_PER_COMPONENT`] groups.
 fn model_groups<T>(payments: &[T]) -> impl Iterator<Item = &[T]> {
     let groups = payments
         .len()
@@ -761,10 +761,11 @@ fn screen_group<'c, 'a, 'i>(
     group: &[PendingPayment<'c, 'a, 'i>],
     span: &tracing::Span,
 ) -> Result<Vec<(usize, Screen<'a>)>, AuctionError> {
-    let first = &group.first().expect("a group has a payment").screen;
+    let first = group.first().expect("a group has a payment");
     let gain = |member, option| context.instance.gain(member, option);
-    let mut relaxation = Relaxation::new(context, first.members, gain, Some(first.starving_served));
-    relaxation.dives = group[0].programs_allowed;
+    let (members, starving_served) = (first.screen.members, first.screen.starving_served);
+    let mut relaxation = Relaxation::new(context, members, gain, Some(starving_served));
+    relaxation.dives = first.programs_allowed;
     let mut screens = Vec::with_capacity(group.len());
     for pending in group {
         let screen = &pending.screen;
